@@ -1,0 +1,90 @@
+// swift-tools-version:6.2
+import PackageDescription
+
+/// Warnings are errors in every target of this package (dependencies keep their own settings).
+let strict: [SwiftSetting] = [.treatAllWarnings(as: .error)]
+
+let package = Package(
+    name: "PeerLink",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "PeerLink", targets: ["PeerLink"]),
+        .library(name: "PeerLinkCore", targets: ["PeerLinkCore"]),
+        .executable(name: "peerlink", targets: ["peerlink"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-crypto.git", from: "4.0.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.5.0"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
+    ],
+    targets: [
+        // C libraries, wrapped at the edge. Imported with `internal import` only.
+        .systemLibrary(
+            name: "CAvahi",
+            pkgConfig: "avahi-client",
+            providers: [.apt(["libavahi-client-dev"])]
+        ),
+        .systemLibrary(
+            name: "CBlueZ",
+            pkgConfig: "bluez",
+            providers: [.apt(["libbluetooth-dev"])]
+        ),
+
+        // Pure protocol logic: identity, validation, codecs, state machines. No C, no I/O.
+        .target(
+            name: "PeerLinkCore",
+            dependencies: [.product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: strict
+        ),
+        // POSIX edge: every syscall the platform targets make, files, sockets, interfaces.
+        .target(
+            name: "PeerLinkPosix",
+            dependencies: ["PeerLinkCore", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strict
+        ),
+        // LAN transport: DNS-SD through avahi-daemon (libavahi-client), TCP.
+        .target(
+            name: "PeerLinkLAN",
+            dependencies: [
+                "PeerLinkCore", "PeerLinkPosix", "CAvahi",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
+        // Bluetooth Classic: BlueZ kernel sockets and HCI (libbluetooth).
+        .target(
+            name: "PeerLinkBluetooth",
+            dependencies: [
+                "PeerLinkCore", "PeerLinkPosix", "CBlueZ",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
+        // The public façade.
+        .target(
+            name: "PeerLink",
+            dependencies: ["PeerLinkCore", "PeerLinkPosix", "PeerLinkLAN", "PeerLinkBluetooth"],
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "peerlink",
+            dependencies: [
+                "PeerLink",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
+
+        .testTarget(
+            name: "PeerLinkCoreTests",
+            dependencies: ["PeerLinkCore"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "PeerLinkIntegrationTests",
+            dependencies: ["PeerLink", "PeerLinkLAN", "PeerLinkPosix", "PeerLinkBluetooth"],
+            swiftSettings: strict
+        ),
+    ]
+)

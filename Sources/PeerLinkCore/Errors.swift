@@ -1,0 +1,25 @@
+/// The error every PeerLink API throws at its public boundary.
+///
+/// `code` follows MultipeerConnectivity's error codes so an MPC developer can switch on the same
+/// cases; `message` is written for the person at the keyboard: what went wrong and what to do.
+public struct PeerLinkError: Error, Hashable, Sendable, CustomStringConvertible {
+    public enum Code: String, Hashable, Sendable, CaseIterable {
+        case unknown
+        case notConnected
+        case invalidParameter
+        case unsupported
+        case timedOut
+        case cancelled
+        case unavailable
+    }
+
+    public var code: Code
+    public var message: String
+
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { message }
+}
