@@ -1,0 +1,149 @@
+internal import CAvahi
+import Foundation
+import Logging
+import PeerLinkCore
+
+/// One connection to avahi-daemon: an Avahi client driven by Avahi's own poll thread.
+///
+/// Every call into libavahi-client from another thread holds the poll lock (``withLock(_:)``);
+/// Avahi's callbacks run on the poll thread with the lock already held. The client is created
+/// with `AVAHI_CLIENT_NO_FAIL`, so when the daemon restarts it reconnects by itself; publishers
+/// and browsers watch the client state and rebuild their objects when it runs again.
+final class AvahiContext: @unchecked Sendable {
+    typealias StateObserver = (AvahiClientState) -> Void
+
+    let poll: OpaquePointer
+    private(set) var client: OpaquePointer?
+    let logger: Logger
+    /// Observers of the client state, touched only on the poll thread or with the lock held.
+    private var observers: [ObjectIdentifier: StateObserver] = [:]
+    private var lastState: AvahiClientState = AVAHI_CLIENT_CONNECTING
+
+    private init(poll: OpaquePointer, logger: Logger) {
+        self.poll = poll
+        self.logger = logger
+    }
+
+    /// Connects to avahi-daemon. Throws `unavailable` with what to do when it is not running.
+    static func connect(logger: Logger) throws(PeerLinkError) -> AvahiContext {
+        guard let poll = avahi_threaded_poll_new() else {
+            throw PeerLinkError(.unknown, "cannot create the Avahi event loop (out of memory?)")
+        }
+        let context = AvahiContext(poll: poll, logger: logger)
+        var error: Int32 = 0
+        let client = avahi_client_new(
+            avahi_threaded_poll_get(poll), AVAHI_CLIENT_NO_FAIL, avahiClientCallback,
+            Unmanaged.passUnretained(context).toOpaque(), &error)
+        guard let client else {
+            avahi_threaded_poll_free(poll)
+            throw PeerLinkError(.unavailable, "cannot connect to avahi-daemon: \(String(cString: avahi_strerror(error))). \(daemonAdvice)")
+        }
+        context.client = client
+        // With NO_FAIL a missing daemon leaves the client waiting in CONNECTING; at start-up that
+        // means the daemon (or the system bus it listens on) is not running.
+        if avahi_client_get_state(client) == AVAHI_CLIENT_CONNECTING {
+            avahi_client_free(client)
+            context.client = nil
+            avahi_threaded_poll_free(poll)
+            throw PeerLinkError(.unavailable, missingDaemonMessage())
+        }
+        context.lastState = avahi_client_get_state(client)
+        guard avahi_threaded_poll_start(poll) == 0 else {
+            avahi_client_free(client)
+            context.client = nil
+            avahi_threaded_poll_free(poll)
+            throw PeerLinkError(.unknown, "cannot start the Avahi event thread")
+        }
+        return context
+    }
+
+    static let daemonAdvice =
+        "Start it with 'sudo systemctl start avahi-daemon' (on a machine without systemd: 'sudo Hardware/daemons.sh start' from the PeerLink repository)"
+
+    static func missingDaemonMessage() -> String {
+        if !FileManager.default.fileExists(atPath: "/run/dbus/system_bus_socket")
+            && !FileManager.default.fileExists(atPath: "/var/run/dbus/system_bus_socket")
+        {
+            return "avahi-daemon is not running: the system D-Bus it needs is not running either (no /run/dbus/system_bus_socket). Install and start both: 'sudo apt-get install avahi-daemon dbus', then 'sudo systemctl start dbus avahi-daemon' (without systemd: 'sudo Hardware/daemons.sh start' from the PeerLink repository)"
+        }
+        return "avahi-daemon is not running. \(daemonAdvice)"
+    }
+
+    deinit {
+        avahi_threaded_poll_stop(poll)
+        if let client { avahi_client_free(client) }
+        avahi_threaded_poll_free(poll)
+    }
+
+    /// Runs `body` holding the poll lock. Never call from an Avahi callback (the lock is held there).
+    func withLock<T>(_ body: () throws -> T) rethrows -> T {
+        avahi_threaded_poll_lock(poll)
+        defer { avahi_threaded_poll_unlock(poll) }
+        return try body()
+    }
+
+    /// The client state; with the lock held or on the poll thread.
+    var state: AvahiClientState { lastState }
+
+    /// Adds an observer of client state changes; with the lock held or on the poll thread.
+    func observe(_ owner: AnyObject, _ observer: @escaping StateObserver) {
+        observers[ObjectIdentifier(owner)] = observer
+    }
+
+    func stopObserving(_ owner: AnyObject) {
+        observers[ObjectIdentifier(owner)] = nil
+    }
+
+    /// The error of the last failed call, as text.
+    var lastError: String {
+        guard let client else { return "no client" }
+        return String(cString: avahi_strerror(avahi_client_errno(client)))
+    }
+
+    fileprivate func clientChanged(_ client: OpaquePointer?, _ state: AvahiClientState) {
+        // During avahi_client_new the callback runs before `self.client` is set.
+        if self.client == nil { self.client = client }
+        lastState = state
+        switch state {
+        case AVAHI_CLIENT_S_RUNNING: logger.debug("avahi client running")
+        case AVAHI_CLIENT_CONNECTING: logger.info("avahi-daemon went away; waiting for it to come back")
+        case AVAHI_CLIENT_FAILURE: logger.warning("avahi client failed: \(lastError)")
+        default: break
+        }
+        for observer in observers.values { observer(state) }
+    }
+}
+
+private func avahiClientCallback(_ client: OpaquePointer?, _ state: AvahiClientState, _ userdata: UnsafeMutableRawPointer?) {
+    guard let userdata else { return }
+    Unmanaged<AvahiContext>.fromOpaque(userdata).takeUnretainedValue().clientChanged(client, state)
+}
+
+/// The state of avahi-daemon as this machine's tools report it.
+public struct AvahiDaemonStatus: Sendable, Hashable, Codable {
+    public var running: Bool
+    /// The daemon's host name (e.g. `raspberrypi.local`) when it runs.
+    public var hostName: String?
+    public var version: String?
+    /// What is wrong and what to do, when it does not run.
+    public var problem: String?
+
+    /// Asks the daemon.
+    public static func query() -> AvahiDaemonStatus {
+        do {
+            let context = try AvahiContext.connect(logger: Logger(label: "peerlink.lan"))
+            return context.withLock {
+                guard let client = context.client else {
+                    return AvahiDaemonStatus(running: false, hostName: nil, version: nil, problem: AvahiContext.missingDaemonMessage())
+                }
+                return AvahiDaemonStatus(
+                    running: true,
+                    hostName: avahi_client_get_host_name_fqdn(client).map { String(cString: $0) },
+                    version: avahi_client_get_version_string(client).map { String(cString: $0) },
+                    problem: nil)
+            }
+        } catch {
+            return AvahiDaemonStatus(running: false, hostName: nil, version: nil, problem: error.message)
+        }
+    }
+}

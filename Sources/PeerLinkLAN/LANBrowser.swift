@@ -1,0 +1,131 @@
+import Foundation
+import Logging
+import PeerLinkCore
+import PeerLinkPosix
+
+/// Finds PeerLink peers on the LAN: browses `_<service>._tcp` through avahi-daemon, reads their
+/// TXT records, merges what it sees by identity, and checks each peer is really there.
+///
+/// A peer is reported `found` once a TCP connection to one of its endpoints succeeds, and `lost`
+/// when it withdraws or stops accepting connections (see ``LivenessPolicy``: within 10 s by
+/// default, where a DNS-SD cache alone keeps a vanished peer for 20 s and more). Records that are
+/// not PeerLink's (missing keys, bad UTF-8, oversized strings) are skipped with a debug log.
+public final class LANBrowser: Sendable {
+    public let serviceType: ServiceType
+    public let liveness: LivenessPolicy
+    private let excluding: Set<Fingerprint>
+    private let logger: Logger
+
+    /// - Parameters:
+    ///   - excluding: identities never to report (typically the local peer's own).
+    public init(
+        serviceType: ServiceType, liveness: LivenessPolicy = LivenessPolicy(),
+        excluding: Set<Fingerprint> = [], logger: Logger = Logger(label: "peerlink.lan")
+    ) {
+        self.serviceType = serviceType
+        self.liveness = liveness
+        self.excluding = excluding
+        var logger = logger
+        logger[metadataKey: "transport"] = "lan"
+        self.logger = logger
+    }
+
+    private enum Input: Sendable {
+        case avahi(BrowserEvent)
+        case probed(PeerID, reachable: Bool)
+        case tick
+    }
+
+    /// Starts browsing. Throws `unavailable` when avahi-daemon is not running. Browsing stops
+    /// when the sequence's consumer stops iterating (or its task is cancelled).
+    public func events() throws(PeerLinkError) -> AsyncStream<DiscoveryEvent> {
+        let context = try AvahiContext.connect(logger: logger)
+        let (inputs, input) = AsyncStream<Input>.makeStream()
+        let browser = AvahiBrowser(context: context, type: serviceType.dnsSDType) { input.yield(.avahi($0)) }
+        let (events, output) = AsyncStream<DiscoveryEvent>.makeStream()
+        let policy = liveness
+        let excluding = excluding
+        let logger = logger
+        let driver = Task {
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    // Probes fall due on a clock; a tick wakes the loop to start them.
+                    while !Task.isCancelled {
+                        try? await Task.sleep(for: .milliseconds(100))
+                        input.yield(.tick)
+                    }
+                }
+                var table = DiscoveryTable(policy: policy)
+                let start = ContinuousClock.now
+                for await next in inputs {
+                    let now = start.duration(to: .now)
+                    var changes: [DiscoveryEvent] = []
+                    switch next {
+                    case .avahi(.resolved(let source, let name, _, let address, let port, let txt)):
+                        let record: TXTRecord
+                        do {
+                            record = try TXTRecord(decoding: txt)
+                        } catch {
+                            logger.debug("ignoring a service that is not a PeerLink peer", metadata: ["instance": "\(name)", "reason": "\(error)"])
+                            changes = table.removed(source: source)
+                            break
+                        }
+                        if excluding.contains(record.fingerprint) { break }
+                        let sighting = DiscoveryTable.Sighting(source: source, record: record, endpoints: [.tcp(host: address, port: port)])
+                        changes = table.sighted(sighting, at: now)
+                    case .avahi(.removed(let source)):
+                        changes = table.removed(source: source)
+                    case .avahi(.allForNow):
+                        break
+                    case .avahi(.failed(let message)):
+                        logger.warning("\(message)")
+                    case .probed(let peer, let reachable):
+                        changes = table.probeFinished(peer, reachable: reachable, at: now)
+                    case .tick:
+                        break
+                    }
+                    for change in changes {
+                        switch change {
+                        case .found(let peer): logger.debug("found", metadata: ["peer.id": "\(peer.id.fingerprint)"])
+                        case .lost(let peer): logger.debug("lost", metadata: ["peer.id": "\(peer.fingerprint)"])
+                        case .updated: break
+                        }
+                        output.yield(change)
+                    }
+                    for probe in table.dueProbes(at: now) {
+                        group.addTask {
+                            let reachable = await Self.probe(probe.endpoints, timeout: probe.timeout)
+                            input.yield(.probed(probe.peer, reachable: reachable))
+                        }
+                    }
+                }
+                group.cancelAll()
+            }
+        }
+        output.onTermination = { _ in
+            driver.cancel()
+            input.finish()
+            browser.stop()
+            _ = context  // the context lives as long as the browse
+        }
+        browser.start()
+        return events
+    }
+
+    /// True when any endpoint accepts a connection within `timeout`.
+    static func probe(_ endpoints: [Endpoint], timeout: Duration) async -> Bool {
+        await withTaskGroup(of: Bool.self) { group in
+            for endpoint in endpoints {
+                switch endpoint {
+                case .tcp(let host, let port):
+                    group.addTask { await TCPProbe.isReachable(host: host, port: port, timeout: timeout) }
+                }
+            }
+            for await reachable in group where reachable {
+                group.cancelAll()
+                return true
+            }
+            return false
+        }
+    }
+}

@@ -1,0 +1,136 @@
+import ArgumentParser
+import Foundation
+import PeerLink
+
+struct Scan: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List the peers found nearby within a time limit.",
+        discussion: "With neither --lan nor --bluetooth, scans the LAN.")
+
+    @Flag(help: "Scan the LAN (DNS-SD through avahi-daemon).")
+    var lan = false
+
+    @Flag(help: "Scan for Bluetooth devices.")
+    var bluetooth = false
+
+    @Option(help: "The service type to look for.")
+    var service: String = ServiceType.default.value
+
+    @Option(help: "How long to scan, in seconds.")
+    var timeout: Double = 5
+
+    @Flag(help: "Print one JSON array of peers instead of text.")
+    var json = false
+
+    @Flag(name: .shortAndLong, help: "Log what happens underneath, to standard error.")
+    var verbose = false
+
+    func validate() throws {
+        do {
+            _ = try ServiceType(service)
+        } catch {
+            throw error.usageError
+        }
+        guard timeout > 0, timeout <= 3600 else {
+            throw ArgumentParser.ValidationError("--timeout must be more than 0 and at most 3600 seconds")
+        }
+    }
+
+    struct PeerJSON: Encodable {
+        struct EndpointJSON: Encodable {
+            var transport: String
+            var host: String
+            var port: UInt16
+        }
+        var name: String
+        var id: String
+        var endpoints: [EndpointJSON]
+        var info: [String: String]
+    }
+
+    func run() async throws {
+        PeerLinkLogging.bootstrap(verbose: verbose)
+        if bluetooth {
+            do {
+                _ = try BluetoothAdapter.all()
+            } catch {
+                throw fail(error)
+            }
+            throw fail(PeerLinkError(.unsupported, "scanning for Bluetooth devices is not available in this version of peerlink; use 'peerlink scan --lan'"))
+        }
+        let serviceType = try ServiceType(service)
+        let browser = LANBrowser(serviceType: serviceType)
+        let events: AsyncStream<DiscoveryEvent>
+        do {
+            events = try browser.events()
+        } catch {
+            throw fail(error)
+        }
+        if !json {
+            printError("Scanning the LAN for \(serviceType.dnsSDType) for \(Self.seconds(timeout))...")
+        }
+        let collector = Task { () -> [Fingerprint: DiscoveredPeer] in
+            var peers: [Fingerprint: DiscoveredPeer] = [:]
+            for await event in events {
+                switch event {
+                case .found(let peer), .updated(let peer): peers[peer.id.fingerprint] = peer
+                case .lost(let id): peers[id.fingerprint] = nil
+                }
+            }
+            return peers
+        }
+        try? await Task.sleep(for: .milliseconds(Int(timeout * 1000)))
+        collector.cancel()
+        let peers = await collector.value.values.sorted {
+            ($0.id.displayName, $0.id.fingerprint) < ($1.id.displayName, $1.id.fingerprint)
+        }
+        if json {
+            let objects = peers.map { peer in
+                PeerJSON(
+                    name: peer.id.displayName, id: peer.id.fingerprint.value,
+                    endpoints: peer.endpoints.map { endpoint in
+                        switch endpoint {
+                        case .tcp(let host, let port): return .init(transport: "tcp", host: host, port: port)
+                        }
+                    },
+                    info: peer.info.entries)
+            }
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            printLine(String(decoding: try encoder.encode(objects), as: UTF8.self))
+            return
+        }
+        if peers.isEmpty {
+            printLine("No peers found.")
+            return
+        }
+        let rows = peers.map { peer in
+            [
+                peer.id.displayName, peer.id.fingerprint.grouped,
+                peer.endpoints.map(\.description).joined(separator: " "),
+                peer.info.entries.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "),
+            ]
+        }
+        let header = ["NAME", "ID", "ENDPOINTS", "INFO"]
+        let widths = (0..<4).map { column in ([header] + rows).map { $0[column].count }.max() ?? 0 }
+        for row in [header] + rows {
+            let cells = row.enumerated().map { index, cell in
+                index == 3 ? cell : cell.padding(toLength: widths[index], withPad: " ", startingAt: 0)
+            }
+            printLine(cells.joined(separator: "  ").trimmingTrailingSpaces())
+        }
+        printLine("\(peers.count) peer\(peers.count == 1 ? "" : "s") found.")
+    }
+
+    static func seconds(_ value: Double) -> String {
+        value == value.rounded() ? "\(Int(value)) s" : "\(value) s"
+    }
+}
+
+extension String {
+    func trimmingTrailingSpaces() -> String {
+        var text = self
+        while text.last == " " { text.removeLast() }
+        return text
+    }
+}
