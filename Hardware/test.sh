@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# test.sh — the one command that sets up and runs the whole PeerLink test suite.
+#
+# usage: Hardware/test.sh [swift test arguments...]     e.g. Hardware/test.sh --filter LAN
+#
+# Steps: 1. Hardware/setup.sh --tests (installs what is missing, finds the interop Python)
+#        2. Hardware/daemons.sh start (system dbus + lo-only avahi); on exit, `daemons.sh stop`
+#           stops only what this run started (and restarts an avahi a test left stopped)
+#        3. swift build --build-tests, then swift test --skip-build [arguments...]
+#        4. the Bluetooth VM lab (run_bluetooth_lab; not yet part of the suite)
+# Exit status: that of swift test (or of the Bluetooth lab if the tests passed).
+#
+# Exported for the tests:
+#   PEERLINK_PYTHON          python3 with the `zeroconf` and `noiseprotocol` packages
+#   PEERLINK_DAEMONS_SCRIPT  absolute path of Hardware/daemons.sh (restart-avahi, stop-avahi, ...)
+#   PEERLINK_DAEMONS_STATE   its state dir (pids, avahi.conf, avahi.log)
+#   PEERLINK_NETLAB_SCRIPT   absolute path of Hardware/netlab.sh (multi-host lab; needs root)
+# Environment:
+#   PEERLINK_TEST_DRY_RUN=1  do steps 1, 2 and 4 but skip the swift commands
+#   PEERLINK_SCRATCH_PATH    build directory (swift --scratch-path; default .build)
+#   CI=true                  print a short header of what runs
+set -euo pipefail
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+cd "$ROOT"
+
+say() { echo "peerlink test: $*"; }
+
+if ! command -v swift >/dev/null 2>&1 && [ -x /opt/swift/usr/bin/swift ]; then
+    export PATH=/opt/swift/usr/bin:$PATH
+fi
+
+# ---------------------------------------------------------------------------------------------
+# The Bluetooth VM lab (QEMU guest with btvirt controllers, ../shared/tools/btvm) will run here.
+run_bluetooth_lab() {
+    echo "bluetooth lab: not yet part of the suite"
+    return 0
+}
+
+# ---------------------------------------------------------------------------------------------
+# 1. dependencies
+
+setup_log=$(mktemp "${TMPDIR:-/tmp}/peerlink-test-setup.XXXXXX")
+trap 'rm -f "$setup_log"' EXIT
+bash "$HERE/setup.sh" --tests | tee "$setup_log"
+PEERLINK_PYTHON=$(sed -n 's/^PEERLINK_PYTHON=//p' "$setup_log" | tail -n 1)
+rm -f "$setup_log"
+[ -n "$PEERLINK_PYTHON" ] || { say "setup.sh did not report PEERLINK_PYTHON"; exit 1; }
+export PEERLINK_PYTHON
+
+# ---------------------------------------------------------------------------------------------
+# 2. daemons
+
+export PEERLINK_DAEMONS_SCRIPT=$HERE/daemons.sh
+export PEERLINK_NETLAB_SCRIPT=$HERE/netlab.sh
+export PEERLINK_DAEMONS_STATE=${PEERLINK_DAEMONS_STATE:-${XDG_RUNTIME_DIR:-/tmp}/peerlink-daemons}
+
+started=none
+# shellcheck disable=SC2317 # invoked by the EXIT trap
+cleanup() {
+    local rc=$?
+    if [ "$started" != none ]; then
+        # shellcheck disable=SC2086 # list of daemon names
+        bash "$PEERLINK_DAEMONS_SCRIPT" stop $started || true
+    fi
+    case " $started " in
+        *" avahi "*) ;;
+        *)  # the avahi we found running was ours from an earlier `daemons.sh start` and a test
+            # stopped it (stop-avahi): start it again, as it was before this run
+            if ! avahi-daemon --check 2>/dev/null && [ -e "$PEERLINK_DAEMONS_STATE/avahi.conf" ]; then
+                say "restarting the avahi-daemon a test left stopped"
+                bash "$PEERLINK_DAEMONS_SCRIPT" start-avahi >/dev/null || true
+            fi
+            ;;
+    esac
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+daemons_out=$(bash "$PEERLINK_DAEMONS_SCRIPT" start) || { echo "$daemons_out"; exit 1; }
+echo "$daemons_out" | grep -v '^started: '
+started=$(echo "$daemons_out" | sed -n 's/^started: //p' | tail -n 1)
+started=${started:-none}
+
+# ---------------------------------------------------------------------------------------------
+# 3. build and test
+
+scratch=()
+if [ -n "${PEERLINK_SCRATCH_PATH:-}" ]; then
+    scratch=(--scratch-path "$PEERLINK_SCRATCH_PATH")
+fi
+build_cmd=(swift build --build-tests "${scratch[@]}")
+test_cmd=(swift test --skip-build "${scratch[@]}" "$@")
+
+if [ "${CI:-}" = true ]; then
+    echo "================ PeerLink test suite ================"
+    echo "commit:   $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+    # shellcheck disable=SC1091
+    echo "host:     $(uname -srm), $(. /etc/os-release 2>/dev/null && echo "${PRETTY_NAME:-?}"), uid $(id -u)"
+    echo "swift:    $(swift --version 2>/dev/null | head -n 1 || echo 'not found')"
+    echo "python:   $PEERLINK_PYTHON"
+    bash "$PEERLINK_DAEMONS_SCRIPT" status | sed 's/^/daemons:  /' || true
+    echo "build:    ${build_cmd[*]}"
+    echo "test:     ${test_cmd[*]}"
+    echo "====================================================="
+fi
+
+test_rc=0
+if [ "${PEERLINK_TEST_DRY_RUN:-0}" = 1 ]; then
+    say "dry run: skipping: ${build_cmd[*]}"
+    say "dry run: skipping: ${test_cmd[*]}"
+else
+    "${build_cmd[@]}" || { test_rc=$?; say "build failed (exit $test_rc)"; exit "$test_rc"; }
+    "${test_cmd[@]}" || test_rc=$?
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 4. Bluetooth
+
+bt_rc=0
+run_bluetooth_lab || bt_rc=$?
+
+if [ "${CI:-}" = true ]; then
+    echo "================ swift test exit $test_rc, bluetooth lab exit $bt_rc ================"
+fi
+if [ "$test_rc" != 0 ]; then exit "$test_rc"; fi
+exit "$bt_rc"
