@@ -76,6 +76,15 @@ let package = Package(
             swiftSettings: strict
         ),
 
+        // Examples, built with everything else so they never rot.
+        .executableTarget(
+            name: "peerlink-example-discover",
+            dependencies: ["PeerLink"],
+            path: "Examples/Discover",
+            exclude: ["README.md"],
+            swiftSettings: strict
+        ),
+
         .testTarget(
             name: "PeerLinkCoreTests",
             dependencies: ["PeerLinkCore"],

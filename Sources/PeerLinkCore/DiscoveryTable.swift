@@ -57,6 +57,15 @@ public struct DiscoveryTable: Sendable {
         public var peer: PeerID
         public var endpoints: [Endpoint]
         public var timeout: Duration
+        /// Tells this probe's result from a late result of an earlier probe of the same peer.
+        public var sequence: Int
+
+        public init(peer: PeerID, endpoints: [Endpoint], timeout: Duration, sequence: Int) {
+            self.peer = peer
+            self.endpoints = endpoints
+            self.timeout = timeout
+            self.sequence = sequence
+        }
     }
 
     struct Entry {
@@ -64,6 +73,7 @@ public struct DiscoveryTable: Sendable {
         var latest: String = ""
         var reported: DiscoveredPeer?
         var probing = false
+        var probeSequence = 0
         var nextProbe: Duration = .zero
         var probeStarted: Duration = .zero
         var failures = 0
@@ -72,6 +82,7 @@ public struct DiscoveryTable: Sendable {
     public let policy: LivenessPolicy
     private var entries: [Fingerprint: Entry] = [:]
     private var sourceOwner: [String: Fingerprint] = [:]
+    private var probeCounter = 0
 
     public init(policy: LivenessPolicy = LivenessPolicy()) {
         self.policy = policy
@@ -100,7 +111,7 @@ public struct DiscoveryTable: Sendable {
         }
         if let reported = entry.reported {
             let merged = Self.merge(entry)
-            if merged != reported {
+            if Self.changed(merged, from: reported) {
                 entry.reported = merged
                 events.append(.updated(merged))
             }
@@ -121,7 +132,7 @@ public struct DiscoveryTable: Sendable {
         var events: [DiscoveryEvent] = []
         if let reported = entry.reported {
             let merged = Self.merge(entry)
-            if merged != reported {
+            if Self.changed(merged, from: reported) {
                 entry.reported = merged
                 events.append(.updated(merged))
             }
@@ -135,10 +146,12 @@ public struct DiscoveryTable: Sendable {
         var probes: [Probe] = []
         for (fingerprint, var entry) in entries where !entry.probing && entry.nextProbe <= now {
             entry.probing = true
+            probeCounter += 1
+            entry.probeSequence = probeCounter
             entry.probeStarted = now
             entries[fingerprint] = entry
             let merged = Self.merge(entry)
-            probes.append(Probe(peer: merged.id, endpoints: merged.endpoints, timeout: policy.probeTimeout))
+            probes.append(Probe(peer: merged.id, endpoints: merged.endpoints, timeout: policy.probeTimeout, sequence: entry.probeSequence))
         }
         return probes.sorted { $0.peer.fingerprint < $1.peer.fingerprint }
     }
@@ -149,8 +162,8 @@ public struct DiscoveryTable: Sendable {
     }
 
     /// A probe finished.
-    public mutating func probeFinished(_ peer: PeerID, reachable: Bool, at now: Duration) -> [DiscoveryEvent] {
-        guard var entry = entries[peer.fingerprint], entry.probing else { return [] }
+    public mutating func probeFinished(_ probe: Probe, reachable: Bool, at now: Duration) -> [DiscoveryEvent] {
+        guard var entry = entries[probe.peer.fingerprint], entry.probing, entry.probeSequence == probe.sequence else { return [] }
         entry.probing = false
         entry.nextProbe = entry.probeStarted + policy.probeInterval
         var events: [DiscoveryEvent] = []
@@ -163,14 +176,20 @@ public struct DiscoveryTable: Sendable {
             }
         } else {
             entry.failures += 1
-            // The first probe of a peer not yet found: no need to wait for more failures.
+            // A peer never found stays unreported; a found one is lost after enough failures in a row.
             if entry.reported != nil, entry.failures >= policy.failuresBeforeLost {
                 events.append(.lost(entry.reported!.id))
                 entry.reported = nil
             }
         }
-        entries[peer.fingerprint] = entry
+        entries[probe.peer.fingerprint] = entry
         return events
+    }
+
+    /// Whether a peer differs from what was reported, its display name included (`PeerID`
+    /// equality, and so `DiscoveredPeer` equality, ignores the name).
+    private static func changed(_ merged: DiscoveredPeer, from reported: DiscoveredPeer) -> Bool {
+        merged != reported || merged.id.displayName != reported.id.displayName
     }
 
     private static func merge(_ entry: Entry) -> DiscoveredPeer {

@@ -97,6 +97,12 @@ public struct Identity: Sendable {
         var publicKey: String?
     }
 
+    /// The members every version of the file has.
+    struct Header: Codable {
+        var format: String
+        var version: Int
+    }
+
     static let fileFormat = "peerlink-identity"
 
     /// The bytes of an identity file for this identity.
@@ -115,15 +121,13 @@ public struct Identity: Sendable {
     /// Reads an identity file's bytes. Throws a reason (without the path, which the caller adds)
     /// when they are not a PeerLink identity.
     public init(fileContents data: Data) throws(IdentityFileProblem) {
-        let file: File
-        do {
-            file = try JSONDecoder().decode(File.self, from: data)
-        } catch {
+        // Format and version first: another version may lay out the rest differently.
+        guard let header = try? JSONDecoder().decode(Header.self, from: data), header.format == Self.fileFormat else {
             throw .notAnIdentityFile
         }
-        guard file.format == Self.fileFormat else { throw .notAnIdentityFile }
-        guard file.version == 1 else { throw .unsupportedVersion(file.version) }
-        guard let raw = Data(base64Encoded: file.privateKey), raw.count == 32,
+        guard header.version == 1 else { throw .unsupportedVersion(header.version) }
+        guard let file = try? JSONDecoder().decode(File.self, from: data),
+            let raw = Data(base64Encoded: file.privateKey), raw.count == 32,
             let key = try? Curve25519.KeyAgreement.PrivateKey(rawRepresentation: raw)
         else { throw .badPrivateKey }
         self.init(privateKey: key)

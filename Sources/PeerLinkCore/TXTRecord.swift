@@ -91,7 +91,7 @@ public struct TXTRecord: Hashable, Sendable {
             }
         }
         guard let versionText = own[Self.versionKey] else { throw .missingKey(Self.versionKey) }
-        guard let version = Int(versionText), version > 0 else { throw .badVersion(versionText) }
+        guard versionText.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let version = Int(versionText), version > 0 else { throw .badVersion(versionText) }
         guard let fingerprintText = own[Self.fingerprintKey] else { throw .missingKey(Self.fingerprintKey) }
         guard let fingerprint = Fingerprint(fingerprintText) else { throw .badFingerprint(fingerprintText) }
         guard let name = own[Self.nameKey] else { throw .missingKey(Self.nameKey) }

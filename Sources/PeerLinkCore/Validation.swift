@@ -32,7 +32,7 @@ public enum ValidationError: Error, Hashable, Sendable, CustomStringConvertible 
         case .displayNameTooLong(let bytes):
             return "display name is \(bytes) bytes long: it must be 1 to \(DisplayName.maximumBytes) bytes of UTF-8"
         case .displayNameControlCharacter:
-            return "display name contains a control character: use printable characters only"
+            return "display name contains a control, line-break or text-direction character: use printable characters only"
         case .serviceTypeEmpty:
             return "service type is empty: it must be 1 to 15 characters (lowercase letters, digits, hyphens)"
         case .serviceTypeTooLong(let characters):
@@ -87,13 +87,22 @@ public struct DisplayName: Hashable, Sendable, CustomStringConvertible {
         let bytes = value.utf8.count
         if bytes == 0 { throw .displayNameEmpty }
         if bytes > Self.maximumBytes { throw .displayNameTooLong(bytes: bytes) }
-        if value.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) {
+        if value.unicodeScalars.contains(where: Self.isDisallowed) {
             throw .displayNameControlCharacter
         }
         self.value = value
     }
 
     public var description: String { value }
+
+    /// Control characters, line and paragraph separators, and the bidirectional embedding,
+    /// override and isolate characters (which can make a name display as another).
+    static func isDisallowed(_ scalar: Unicode.Scalar) -> Bool {
+        switch scalar.properties.generalCategory {
+        case .control, .lineSeparator, .paragraphSeparator: return true
+        default: return (0x202A...0x202E).contains(scalar.value) || (0x2066...0x2069).contains(scalar.value)
+        }
+    }
 }
 
 /// A DNS-SD service type in the rules MPC uses (RFC 6335 service names): 1–15 characters,

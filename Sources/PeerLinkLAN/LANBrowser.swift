@@ -32,7 +32,7 @@ public final class LANBrowser: Sendable {
 
     private enum Input: Sendable {
         case avahi(BrowserEvent)
-        case probed(PeerID, reachable: Bool)
+        case probed(DiscoveryTable.Probe, reachable: Bool)
         case tick
     }
 
@@ -79,8 +79,8 @@ public final class LANBrowser: Sendable {
                         break
                     case .avahi(.failed(let message)):
                         logger.warning("\(message)")
-                    case .probed(let peer, let reachable):
-                        changes = table.probeFinished(peer, reachable: reachable, at: now)
+                    case .probed(let probe, let reachable):
+                        changes = table.probeFinished(probe, reachable: reachable, at: now)
                     case .tick:
                         break
                     }
@@ -95,7 +95,7 @@ public final class LANBrowser: Sendable {
                     for probe in table.dueProbes(at: now) {
                         group.addTask {
                             let reachable = await Self.probe(probe.endpoints, timeout: probe.timeout)
-                            input.yield(.probed(probe.peer, reachable: reachable))
+                            input.yield(.probed(probe, reachable: reachable))
                         }
                     }
                 }

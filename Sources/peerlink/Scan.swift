@@ -19,8 +19,11 @@ struct Scan: AsyncParsableCommand {
     @Option(help: "How long to scan, in seconds.")
     var timeout: Double = 5
 
-    @Flag(help: "Print one JSON array of peers instead of text.")
+    @Flag(help: "Print one JSON array of peers instead of text (with --watch: one JSON object per line).")
     var json = false
+
+    @Flag(help: "Print each peer found, changed or lost as it happens, until the timeout.")
+    var watch = false
 
     @Flag(name: .shortAndLong, help: "Log what happens underneath, to standard error.")
     var verbose = false
@@ -46,6 +49,17 @@ struct Scan: AsyncParsableCommand {
         var id: String
         var endpoints: [EndpointJSON]
         var info: [String: String]
+
+        init(_ peer: DiscoveredPeer) {
+            name = peer.id.displayName
+            id = peer.id.fingerprint.value
+            endpoints = peer.endpoints.map { endpoint in
+                switch endpoint {
+                case .tcp(let host, let port): return EndpointJSON(transport: "tcp", host: host, port: port)
+                }
+            }
+            info = peer.info.entries
+        }
     }
 
     func run() async throws {
@@ -69,6 +83,8 @@ struct Scan: AsyncParsableCommand {
         if !json {
             printError("Scanning the LAN for \(serviceType.dnsSDType) for \(Self.seconds(timeout))...")
         }
+        let watching = watch
+        let jsonLines = json
         let collector = Task { () -> [Fingerprint: DiscoveredPeer] in
             var peers: [Fingerprint: DiscoveredPeer] = [:]
             for await event in events {
@@ -76,6 +92,7 @@ struct Scan: AsyncParsableCommand {
                 case .found(let peer), .updated(let peer): peers[peer.id.fingerprint] = peer
                 case .lost(let id): peers[id.fingerprint] = nil
                 }
+                if watching { Self.printWatched(event, json: jsonLines) }
             }
             return peers
         }
@@ -84,17 +101,9 @@ struct Scan: AsyncParsableCommand {
         let peers = await collector.value.values.sorted {
             ($0.id.displayName, $0.id.fingerprint) < ($1.id.displayName, $1.id.fingerprint)
         }
+        if watch { return }
         if json {
-            let objects = peers.map { peer in
-                PeerJSON(
-                    name: peer.id.displayName, id: peer.id.fingerprint.value,
-                    endpoints: peer.endpoints.map { endpoint in
-                        switch endpoint {
-                        case .tcp(let host, let port): return .init(transport: "tcp", host: host, port: port)
-                        }
-                    },
-                    info: peer.info.entries)
-            }
+            let objects = peers.map(PeerJSON.init)
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
             printLine(String(decoding: try encoder.encode(objects), as: UTF8.self))
@@ -120,6 +129,36 @@ struct Scan: AsyncParsableCommand {
             printLine(cells.joined(separator: "  ").trimmingTrailingSpaces())
         }
         printLine("\(peers.count) peer\(peers.count == 1 ? "" : "s") found.")
+    }
+
+    struct WatchJSON: Encodable {
+        var event: String
+        var peer: PeerJSON?
+        var name: String?
+        var id: String?
+    }
+
+    static func printWatched(_ event: DiscoveryEvent, json: Bool) {
+        if json {
+            let line: WatchJSON
+            switch event {
+            case .found(let peer): line = WatchJSON(event: "found", peer: PeerJSON(peer))
+            case .updated(let peer): line = WatchJSON(event: "updated", peer: PeerJSON(peer))
+            case .lost(let id): line = WatchJSON(event: "lost", name: id.displayName, id: id.fingerprint.value)
+            }
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            if let data = try? encoder.encode(line) { printLine(String(decoding: data, as: UTF8.self)) }
+            return
+        }
+        switch event {
+        case .found(let peer):
+            printLine("found \(peer.id.displayName) \(peer.id.fingerprint.grouped) \(peer.endpoints.map(\.description).joined(separator: " "))")
+        case .updated(let peer):
+            printLine("changed \(peer.id.displayName) \(peer.id.fingerprint.grouped) \(peer.endpoints.map(\.description).joined(separator: " "))")
+        case .lost(let id):
+            printLine("lost \(id.displayName) \(id.fingerprint.grouped)")
+        }
     }
 
     static func seconds(_ value: Double) -> String {
