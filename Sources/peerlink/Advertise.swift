@@ -55,7 +55,7 @@ struct Advertise: AsyncParsableCommand {
 
         // Connections are accepted and closed: until sessions arrive, this port only answers
         // browsers' liveness probes.
-        let acceptor = Task.detached {
+        let acceptor = Task {
             while let connection = try? await listener.accept() {
                 connection.close()
             }
