@@ -99,11 +99,11 @@ APT_LOG=""
 APT_UPDATED=0
 TEMP_POLICY=0
 
-apt_log() {
+# (not called in $(...): the assignment must stick, so that cleanup finds the file)
+ensure_apt_log() {
     if [ -z "$APT_LOG" ]; then
-        APT_LOG=$(mktemp "${TMPDIR:-/tmp}/peerlink-setup-apt.XXXXXX.log")
+        APT_LOG=$(mktemp "${TMPDIR:-/tmp}/peerlink-setup-apt.XXXXXX")
     fi
-    echo "$APT_LOG"
 }
 
 remove_temp_policy() {
@@ -124,11 +124,10 @@ trap cleanup EXIT
 
 apt_update_once() {
     [ "$APT_UPDATED" = 1 ] && return 0
-    local log
-    log=$(apt_log)
+    ensure_apt_log
     say "running apt-get update"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q >>"$log" 2>&1 \
-        || die "apt-get update failed (log: $log)"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q >>"$APT_LOG" 2>&1 \
+        || die "apt-get update failed (log: $APT_LOG)"
     APT_UPDATED=1
 }
 
@@ -147,8 +146,7 @@ apt_install() {
     if ! command -v apt-get >/dev/null 2>&1; then
         die "this is not a Debian-like system (no apt-get); install these yourself: $*"
     fi
-    local log
-    log=$(apt_log)
+    ensure_apt_log
     apt_update_once
     if [ "${CI:-}" = true ] && [ ! -e /usr/sbin/policy-rc.d ]; then
         # keep package scripts from starting services (avahi-daemon on all interfaces!)
@@ -157,8 +155,8 @@ apt_install() {
         TEMP_POLICY=1
     fi
     say "installing $*"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >>"$log" 2>&1 \
-        || die "apt-get install $* failed (log: $log)"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >>"$APT_LOG" 2>&1 \
+        || die "apt-get install $* failed (log: $APT_LOG)"
     remove_temp_policy
 }
 
