@@ -109,13 +109,7 @@ public struct DiscoveryTable: Sendable {
         if isNew {
             entry.nextProbe = now
         }
-        if let reported = entry.reported {
-            let merged = Self.merge(entry)
-            if Self.changed(merged, from: reported) {
-                entry.reported = merged
-                events.append(.updated(merged))
-            }
-        }
+        events += Self.refreshReported(&entry)
         entries[fingerprint] = entry
         return events
     }
@@ -129,16 +123,18 @@ public struct DiscoveryTable: Sendable {
             return entry.reported.map { [.lost($0.id)] } ?? []
         }
         if entry.latest == source { entry.latest = entry.sightings.keys.sorted().last ?? "" }
-        var events: [DiscoveryEvent] = []
-        if let reported = entry.reported {
-            let merged = Self.merge(entry)
-            if Self.changed(merged, from: reported) {
-                entry.reported = merged
-                events.append(.updated(merged))
-            }
-        }
+        let events = Self.refreshReported(&entry)
         entries[fingerprint] = entry
         return events
+    }
+
+    /// After the sightings of a reported peer changed: an `updated` event if what it looks like changed.
+    private static func refreshReported(_ entry: inout Entry) -> [DiscoveryEvent] {
+        guard let reported = entry.reported else { return [] }
+        let merged = merge(entry)
+        guard changed(merged, from: reported) else { return [] }
+        entry.reported = merged
+        return [.updated(merged)]
     }
 
     /// The probes due at `now`. Each is marked as running until its result is reported.

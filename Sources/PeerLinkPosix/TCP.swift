@@ -4,11 +4,10 @@ import Glibc
 import Foundation
 
 /// A listening TCP socket on all interfaces (IPv6 dual-stack when the kernel has IPv6, else IPv4).
-public final class TCPListener: @unchecked Sendable {
+public final class TCPListener: Sendable {
     public let port: UInt16
-    private let fd: Int32
-    private let lock = NSLock()
-    private var closed = false
+    private let descriptor: Descriptor
+    private var fd: Int32 { descriptor.fd }
 
     /// Listens on `port` (0: a port the kernel picks).
     public init(port: UInt16 = 0) throws(SystemError) {
@@ -40,7 +39,7 @@ public final class TCPListener: @unchecked Sendable {
             Sys.close(socket)
             throw error
         }
-        self.fd = socket
+        self.descriptor = Descriptor(socket)
     }
 
     /// Waits for the next connection. Throws once the listener is closed.
@@ -56,30 +55,19 @@ public final class TCPListener: @unchecked Sendable {
         return TCPConnection(fd: accepted)
     }
 
-    private var isClosed: Bool { lock.withLock { closed } }
+    private var isClosed: Bool { descriptor.isClosed }
 
     /// Stops listening; a pending ``accept()`` throws.
-    public func close() {
-        let wasOpen = lock.withLock { () -> Bool in
-            defer { closed = true }
-            return !closed
-        }
-        guard wasOpen else { return }
-        Sys.shutdown(fd, Int32(SHUT_RDWR))
-        Sys.close(fd)
-    }
-
-    deinit { close() }
+    public func close() { descriptor.close() }
 }
 
 /// A connected TCP socket.
-public final class TCPConnection: @unchecked Sendable {
-    let fd: Int32
-    private let lock = NSLock()
-    private var closed = false
+public final class TCPConnection: Sendable {
+    private let descriptor: Descriptor
+    var fd: Int32 { descriptor.fd }
 
     init(fd: Int32) {
-        self.fd = fd
+        self.descriptor = Descriptor(fd)
     }
 
     /// The remote address.
@@ -93,17 +81,8 @@ public final class TCPConnection: @unchecked Sendable {
         return withUnsafePointer(to: &storage) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { IPSocketAddress($0) } }
     }
 
-    public func close() {
-        let wasOpen = lock.withLock { () -> Bool in
-            defer { closed = true }
-            return !closed
-        }
-        guard wasOpen else { return }
-        Sys.shutdown(fd, Int32(SHUT_RDWR))
-        Sys.close(fd)
-    }
-
-    deinit { close() }
+    /// Shuts the connection down both ways and closes it; a blocked read or write returns.
+    public func close() { descriptor.close() }
 
     /// Connects to `address`, giving up after `timeout`.
     public static func connect(to address: IPSocketAddress, timeout: Duration) async throws -> TCPConnection {
@@ -154,4 +133,30 @@ public enum TCPProbe {
             return false
         }
     }
+}
+
+/// A socket descriptor closed exactly once: `close()` shuts it down first, so a thread blocked in
+/// `accept`, `read` or `write` on it returns; deinit closes it if nobody did.
+final class Descriptor: @unchecked Sendable {
+    let fd: Int32
+    private let lock = NSLock()
+    private var closed = false
+
+    init(_ fd: Int32) {
+        self.fd = fd
+    }
+
+    var isClosed: Bool { lock.withLock { closed } }
+
+    func close() {
+        let wasOpen = lock.withLock { () -> Bool in
+            defer { closed = true }
+            return !closed
+        }
+        guard wasOpen else { return }
+        Sys.shutdown(fd, Int32(SHUT_RDWR))
+        Sys.close(fd)
+    }
+
+    deinit { close() }
 }
