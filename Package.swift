@@ -88,6 +88,7 @@ let package = Package(
         .testTarget(
             name: "PeerLinkCoreTests",
             dependencies: ["PeerLinkCore"],
+            exclude: ["Vectors"],
             swiftSettings: strict
         ),
         .testTarget(

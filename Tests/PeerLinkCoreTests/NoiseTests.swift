@@ -126,14 +126,17 @@ enum NoiseTestVectors {
     static let fileName = "noise-vectors-25519-chachapoly-sha256.json"
     static let isCI = ProcessInfo.processInfo.environment["CI"] == "true"
 
-    /// Where the file may be: `$PEERLINK_TESTDATA` (the directory, or the file itself), then
-    /// `<package root>/../shared/testdata/`.
+    /// Where the file may be: `$PEERLINK_TESTDATA` (the directory, or the file itself), then the
+    /// copy kept next to these tests (`Vectors/`), then `<package root>/../shared/testdata/`.
     static var candidates: [URL] {
         var urls: [URL] = []
         if let configured = ProcessInfo.processInfo.environment["PEERLINK_TESTDATA"], !configured.isEmpty {
             let url = URL(fileURLWithPath: configured)
             urls.append(url.pathExtension == "json" ? url : url.appendingPathComponent(fileName))
         }
+        urls.append(
+            URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+                .appendingPathComponent("Vectors", isDirectory: true).appendingPathComponent(fileName))
         let packageRoot = URL(fileURLWithPath: #filePath)
             .deletingLastPathComponent()  // PeerLinkCoreTests
             .deletingLastPathComponent()  // Tests
