@@ -1,0 +1,241 @@
+/// The type byte of a frame header.
+public enum FrameType: UInt8, Hashable, Sendable, CaseIterable, CustomStringConvertible {
+    case data = 0
+    case windowUpdate = 1
+    case ping = 2
+    case goAway = 3
+    case control = 4
+    case message = 5
+    case datagram = 6
+
+    public var description: String {
+        switch self {
+        case .data: "DATA"
+        case .windowUpdate: "WINDOW_UPDATE"
+        case .ping: "PING"
+        case .goAway: "GO_AWAY"
+        case .control: "CONTROL"
+        case .message: "MESSAGE"
+        case .datagram: "DATAGRAM"
+        }
+    }
+
+    /// Whether frames of this type name a stream or message (a non-zero id) rather than the
+    /// link as a whole (id 0).
+    public var hasID: Bool {
+        switch self {
+        case .data, .windowUpdate, .message: true
+        case .ping, .goAway, .control, .datagram: false
+        }
+    }
+}
+
+/// The flags of a frame header. Bits this version does not define are kept, not refused.
+public struct FrameFlags: OptionSet, Hashable, Sendable, CustomStringConvertible {
+    public let rawValue: UInt16
+
+    public init(rawValue: UInt16) {
+        self.rawValue = rawValue
+    }
+
+    /// Opens a stream; a ping request.
+    public static let syn = FrameFlags(rawValue: 0x1)
+    /// Accepts a stream; a ping reply.
+    public static let ack = FrameFlags(rawValue: 0x2)
+    /// Half-closes a stream.
+    public static let fin = FrameFlags(rawValue: 0x4)
+    /// Resets a stream.
+    public static let rst = FrameFlags(rawValue: 0x8)
+    /// More chunks of this message follow.
+    public static let more = FrameFlags(rawValue: 0x10)
+
+    public var description: String {
+        let names: [(FrameFlags, String)] = [(.syn, "SYN"), (.ack, "ACK"), (.fin, "FIN"), (.rst, "RST"), (.more, "MORE")]
+        var parts = names.filter { contains($0.0) }.map(\.1)
+        let unknown = rawValue & ~0x1F
+        if unknown != 0 { parts.append(WireText.hex(unknown)) }
+        return "[" + parts.joined(separator: ",") + "]"
+    }
+}
+
+/// The 12-byte header in front of every frame.
+public struct FrameHeader: Hashable, Sendable {
+    public static let length = WireFormat.frameHeaderLength
+
+    public var version: UInt8
+    public var type: FrameType
+    public var flags: FrameFlags
+    public var streamID: UInt32
+    public var length: UInt32
+
+    public init(version: UInt8 = WireFormat.version, type: FrameType, flags: FrameFlags, streamID: UInt32, length: UInt32) {
+        self.version = version
+        self.type = type
+        self.flags = flags
+        self.streamID = streamID
+        self.length = length
+    }
+
+    public func encoded() -> [UInt8] {
+        var bytes: [UInt8] = [version, type.rawValue]
+        bytes.appendBigEndian(flags.rawValue)
+        bytes.appendBigEndian(streamID)
+        bytes.appendBigEndian(length)
+        return bytes
+    }
+
+    /// Decodes the header at the start of `bytes` (which must hold at least 12) and checks
+    /// everything the header alone can tell: version, type, payload limit and stream id.
+    public static func decode(_ bytes: ArraySlice<UInt8>) throws(WireError) -> FrameHeader {
+        var reader = WireReader(bytes)
+        guard let version = reader.uint8(), let typeByte = reader.uint8(), let flags = reader.uint16(),
+            let streamID = reader.uint32(), let length = reader.uint32()
+        else { throw .malformed("a frame header is 12 bytes, got \(bytes.count)") }
+        guard version == WireFormat.version else {
+            throw .malformed("frame version \(version) is not \(WireFormat.version)")
+        }
+        guard let type = FrameType(rawValue: typeByte) else {
+            throw .malformed("frame type \(WireText.hex(typeByte)) is unknown")
+        }
+        guard length <= WireFormat.maxFramePayload else {
+            throw .malformed("a \(type) frame of \(length) bytes is over the limit of \(WireFormat.maxFramePayload)")
+        }
+        if type.hasID, streamID == 0 {
+            throw .malformed("a \(type) frame has id 0")
+        } else if !type.hasID, streamID != 0 {
+            throw .malformed("a \(type) frame has stream id \(streamID), not 0")
+        }
+        return FrameHeader(version: version, type: type, flags: FrameFlags(rawValue: flags), streamID: streamID, length: length)
+    }
+}
+
+/// One frame: what one record carries.
+///
+/// `GO_AWAY`, `CONTROL` and `DATAGRAM` frames are encoded without flags, and any flags on
+/// them are ignored when decoding.
+public enum Frame: Hashable, Sendable, CustomStringConvertible {
+    /// Stream bytes.
+    case data(stream: UInt32, flags: FrameFlags, payload: [UInt8])
+    /// Credit added to the stream's send window.
+    case windowUpdate(stream: UInt32, flags: FrameFlags, credit: UInt32)
+    /// A ping request (``FrameFlags/syn``) or reply (``FrameFlags/ack``) with 8 opaque bytes.
+    case ping(flags: FrameFlags, opaque: UInt64)
+    /// The sender is closing the link.
+    case goAway(code: GoAwayCode, reason: String)
+    /// A session control message.
+    case control(ControlMessage)
+    /// A chunk of a reliable message; ``FrameFlags/more`` on every chunk but the last.
+    case message(id: UInt32, flags: FrameFlags, chunk: [UInt8])
+    /// One unreliable message, whole.
+    case datagram([UInt8])
+
+    public var type: FrameType {
+        switch self {
+        case .data: .data
+        case .windowUpdate: .windowUpdate
+        case .ping: .ping
+        case .goAway: .goAway
+        case .control: .control
+        case .message: .message
+        case .datagram: .datagram
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .data(let stream, let flags, let payload): "DATA stream \(stream) \(flags) \(payload.count) bytes"
+        case .windowUpdate(let stream, let flags, let credit): "WINDOW_UPDATE stream \(stream) \(flags) +\(credit)"
+        case .ping(let flags, let opaque): "PING \(flags) \(WireText.hex(opaque))"
+        case .goAway(let code, let reason): "GO_AWAY \(code): \(reason)"
+        case .control(let message): "CONTROL \(message)"
+        case .message(let id, let flags, let chunk): "MESSAGE \(id) \(flags) \(chunk.count) bytes"
+        case .datagram(let payload): "DATAGRAM \(payload.count) bytes"
+        }
+    }
+
+    /// The frame's bytes: header and payload.
+    ///
+    /// - Throws: a ``WireError`` (code 1) for a frame the format cannot carry: a payload over
+    ///   16384 bytes, id 0 on a `DATA`, `WINDOW_UPDATE` or `MESSAGE` frame, or a control
+    ///   message that cannot be encoded. A `GO_AWAY` reason that does not fit is cut instead.
+    public func encoded() throws(WireError) -> [UInt8] {
+        let id: UInt32
+        let flags: FrameFlags
+        var payload: [UInt8] = []
+        switch self {
+        case .data(let stream, let dataFlags, let bytes):
+            (id, flags, payload) = (stream, dataFlags, bytes)
+        case .windowUpdate(let stream, let updateFlags, let credit):
+            (id, flags) = (stream, updateFlags)
+            payload.appendBigEndian(credit)
+        case .ping(let pingFlags, let opaque):
+            (id, flags) = (0, pingFlags)
+            payload.appendBigEndian(opaque)
+        case .goAway(let code, let reason):
+            (id, flags) = (0, [])
+            payload.appendBigEndian(code.rawValue)
+            payload += WireText.utf8(reason, limit: WireFormat.maxFramePayload - 4)
+        case .control(let message):
+            (id, flags) = (0, [])
+            payload = try message.encoded()
+        case .message(let messageID, let messageFlags, let chunk):
+            (id, flags, payload) = (messageID, messageFlags, chunk)
+        case .datagram(let bytes):
+            (id, flags, payload) = (0, [], bytes)
+        }
+        if type.hasID, id == 0 { throw .malformed("a \(type) frame needs a non-zero id") }
+        guard payload.count <= WireFormat.maxFramePayload else {
+            throw .malformed(
+                "a \(type) frame of \(payload.count) bytes is over the limit of \(WireFormat.maxFramePayload)")
+        }
+        let header = FrameHeader(type: type, flags: flags, streamID: id, length: UInt32(payload.count))
+        return header.encoded() + payload
+    }
+
+    /// Decodes a record's body (after decryption) as exactly one frame.
+    ///
+    /// - Throws: a ``WireError`` (code 1): a record shorter than a header, an unknown version
+    ///   or type, a payload over the limit or of a size the type does not allow, a length that
+    ///   disagrees with the record, an id that does not fit the type, a malformed control message.
+    public static func decode(_ record: ArraySlice<UInt8>) throws(WireError) -> Frame {
+        guard record.count >= FrameHeader.length else {
+            throw .malformed("a record of \(record.count) bytes is shorter than a frame header (12)")
+        }
+        let header = try FrameHeader.decode(record)
+        let payload = record.dropFirst(FrameHeader.length)
+        guard payload.count == Int(header.length) else {
+            throw .malformed(
+                "the \(header.type) frame says \(header.length) bytes but the record holds \(payload.count)")
+        }
+        var reader = WireReader(payload)
+        switch header.type {
+        case .data:
+            return .data(stream: header.streamID, flags: header.flags, payload: Array(payload))
+        case .windowUpdate:
+            guard payload.count == 4, let credit = reader.uint32() else {
+                throw .malformed("a WINDOW_UPDATE payload is 4 bytes, not \(payload.count)")
+            }
+            return .windowUpdate(stream: header.streamID, flags: header.flags, credit: credit)
+        case .ping:
+            guard payload.count == 8, let opaque = reader.uint64() else {
+                throw .malformed("a PING payload is 8 bytes, not \(payload.count)")
+            }
+            return .ping(flags: header.flags, opaque: opaque)
+        case .goAway:
+            guard let code = reader.uint32() else {
+                throw .malformed("a GO_AWAY payload starts with a 4-byte code; it is \(payload.count) bytes")
+            }
+            return .goAway(code: GoAwayCode(rawValue: code), reason: WireText.lenient(reader.rest()))
+        case .control:
+            return .control(try ControlMessage.decode(payload))
+        case .message:
+            return .message(id: header.streamID, flags: header.flags, chunk: Array(payload))
+        case .datagram:
+            return .datagram(Array(payload))
+        }
+    }
+
+    public static func decode(_ record: [UInt8]) throws(WireError) -> Frame {
+        try decode(record[...])
+    }
+}

@@ -1,0 +1,540 @@
+/// What a ``LinkStateMachine`` asks of its owner, in order.
+public enum LinkOutput: Hashable, Sendable, CustomStringConvertible {
+    /// Bytes to write to the link, in order, before anything that follows.
+    case send([UInt8])
+    /// The handshake is done: the peer is authenticated as `remote`; frames can be sent.
+    case established(remote: PeerID, remoteHello: Hello, encrypted: Bool, version: UInt8)
+    /// A frame from the peer. `PING` frames are never surfaced (requests are answered by the
+    /// machine, replies only measure the round trip); a `GO_AWAY` becomes ``closed(code:reason:byPeer:)``.
+    case frame(Frame)
+    /// The link is over: write out every `send` before it, then shut the link down. Reported
+    /// exactly once; afterwards every call returns nothing. `byPeer` tells whether the peer
+    /// ended it (its refusal, `GO_AWAY`, or its end of the stream) or this side did.
+    case closed(code: GoAwayCode, reason: String, byPeer: Bool)
+
+    public var description: String {
+        switch self {
+        case .send(let bytes): "send \(bytes.count) bytes"
+        case .established(let remote, _, let encrypted, let version):
+            "established with \(remote), version \(version), \(encrypted ? "encrypted" : "not encrypted")"
+        case .frame(let frame): "frame \(frame)"
+        case .closed(let code, let reason, let byPeer): "closed \(byPeer ? "by the peer" : "locally"), code \(code): \(reason)"
+        }
+    }
+}
+
+/// One link's protocol, either side, as a pure state machine: preface and verdict, the Noise
+/// `XX` handshake with the hellos, then records carrying frames, keep-alive and close.
+///
+/// It does no I/O and reads no clock: the owner feeds it the bytes that arrive and the time
+/// (a `Duration` since any fixed start), and carries out the ``LinkOutput``s it returns.
+///
+/// ```swift
+/// var link = LinkStateMachine(role: .dialer, identity: me, preface: preface, hello: hello,
+///                             expectedRemote: advertisedFingerprint)
+/// write(link.start(at: now))
+/// // on bytes:     write(link.receive(bytes, at: now))
+/// // on EOF:       write(link.receiveEnd(at: now))
+/// // on a timer:   write(link.tick(at: now)); then sleep until link.nextDeadline
+/// ```
+///
+/// Behaviour worth knowing:
+/// - The dialer sends handshake message 1 right after its own verdict, without waiting for the
+///   listener's; each side reads the peer's verdict before the peer's handshake messages.
+/// - A refusal (no common version, other service, required × none encryption, malformed
+///   preface) sends a refusing verdict, then closes.
+/// - A side that gives up before it has transport keys (handshake timeout, failed Noise
+///   message, malformed hello or wrong fingerprint seen by the dialer) closes without sending
+///   anything more. Once it has them (the listener after message 3, either side once
+///   established) it sends `GO_AWAY` first.
+/// - Timeouts fire only in ``tick(at:)``. `PING` requests from the peer are answered at once
+///   and not surfaced; replies update ``roundTripTime``.
+/// - Input is held back only while incomplete, never more than ``WireFormat/maxBufferedBytes``.
+///
+/// A value type holding Noise cipher states: keep exactly one live copy per link, since two
+/// copies sealing records would reuse nonces.
+public struct LinkStateMachine: Sendable {
+    public enum Role: Hashable, Sendable, CustomStringConvertible {
+        /// Opened the link; Noise initiator; odd stream ids.
+        case dialer
+        /// Accepted the link; Noise responder; even stream ids.
+        case listener
+
+        public var description: String { self == .dialer ? "dialer" : "listener" }
+    }
+
+    public enum State: Hashable, Sendable {
+        /// ``start(at:)`` not called yet.
+        case idle
+        /// Preface sent, waiting for the peer's.
+        case awaitingPreface
+        /// Verdict 0 sent, waiting for the peer's verdict.
+        case awaitingVerdict
+        /// In the Noise handshake.
+        case handshaking
+        case established
+        case closed
+    }
+
+    public let role: Role
+    public let policy: LinkPolicy
+    public let localPreface: LinkPreface
+    public let localHello: Hello
+    /// The fingerprint the peer must have (for a dialer: the one discovery found it under).
+    public let expectedRemote: Fingerprint?
+    private let identity: Identity
+    private let localPrefaceBytes: [UInt8]
+
+    public private(set) var state: State = .idle
+    /// The peer's preface, once read.
+    public private(set) var remotePreface: LinkPreface?
+    /// The agreed version and encryption, once both prefaces are known.
+    public private(set) var version: UInt8?
+    public private(set) var isEncrypted: Bool?
+    /// The authenticated peer and its hello, once established.
+    public private(set) var remotePeer: PeerID?
+    public private(set) var remoteHello: Hello?
+    /// The Noise handshake hash, identical on both sides: for channel binding or a short
+    /// verification code.
+    public private(set) var handshakeHash: [UInt8]?
+    /// The round trip of the last answered keep-alive `PING`.
+    public private(set) var roundTripTime: Duration?
+
+    private var handshake: NoiseHandshakeState?
+    private var transport: NoiseTransport?
+    private var buffer = InputBuffer(capacity: WireFormat.maxBufferedBytes)
+    private var now: Duration = .zero
+    private var startedAt: Duration = .zero
+    private var lastSent: Duration = .zero
+    private var lastReceived: Duration = .zero
+    private var nextPingOpaque: UInt64 = 1
+    private var outstandingPing: (opaque: UInt64, sentAt: Duration)?
+    private var output: [LinkOutput] = []
+
+    /// - Parameters:
+    ///   - role: which side of the link this is.
+    ///   - identity: the local identity, the Noise static key.
+    ///   - preface: what this side sends first. List only versions this implementation speaks
+    ///     (``WireFormat/supportedVersions``).
+    ///   - hello: what this side tells the peer about itself.
+    ///   - policy: timeouts and keep-alive.
+    ///   - expectedRemote: the fingerprint the peer must prove (code 7 otherwise); nil to take
+    ///     any peer.
+    public init(
+        role: Role,
+        identity: Identity,
+        preface: LinkPreface,
+        hello: Hello,
+        policy: LinkPolicy = .default,
+        expectedRemote: Fingerprint? = nil
+    ) {
+        self.role = role
+        self.identity = identity
+        localPreface = preface
+        localPrefaceBytes = preface.encoded()
+        localHello = hello
+        self.policy = policy
+        self.expectedRemote = expectedRemote
+    }
+
+    /// This side as the peer will see it.
+    public var localPeer: PeerID { PeerID(identity: identity, displayName: localHello.displayName) }
+
+    /// Input held back because it is not complete yet.
+    public var bufferedByteCount: Int { buffer.count }
+
+    /// When ``tick(at:)`` has something to do next (a timeout or a keep-alive ping), or nil.
+    public var nextDeadline: Duration? {
+        switch state {
+        case .idle, .closed:
+            return nil
+        case .established:
+            return min(lastSent + policy.keepAliveInterval, lastReceived + policy.keepAliveTimeout)
+        case .awaitingPreface, .awaitingVerdict, .handshaking:
+            return startedAt + policy.handshakeTimeout
+        }
+    }
+
+    // MARK: - Inputs
+
+    /// Opens the link: sends the preface and starts the handshake timer.
+    public mutating func start(at now: Duration) -> [LinkOutput] {
+        guard state == .idle else { return [] }
+        begin(at: now)
+        return flush()
+    }
+
+    /// Bytes from the peer, cut anywhere. Calling it before ``start(at:)`` starts the link first.
+    public mutating func receive(_ bytes: ArraySlice<UInt8>, at now: Duration) -> [LinkOutput] {
+        guard state != .closed else { return [] }
+        if state == .idle { begin(at: now) }
+        self.now = now
+        if !bytes.isEmpty { lastReceived = now }
+        var input = bytes
+        while state != .closed {
+            if step() { continue }
+            if input.isEmpty { break }
+            guard buffer.room > 0 else {
+                // Unreachable: every item is shorter than the buffer and is consumed once whole.
+                finish(.internalError, "the input buffer is full", byPeer: false)
+                break
+            }
+            input = buffer.fill(from: input)
+        }
+        return flush()
+    }
+
+    public mutating func receive(_ bytes: [UInt8], at now: Duration) -> [LinkOutput] {
+        receive(bytes[...], at: now)
+    }
+
+    /// The peer ended its side of the link (end of stream) without this side closing.
+    public mutating func receiveEnd(at now: Duration) -> [LinkOutput] {
+        guard state != .closed else { return [] }
+        self.now = now
+        if state == .established {
+            finish(.protocolError, "the peer closed the link without a GO_AWAY", byPeer: true)
+        } else {
+            finish(.handshakeFailed, "the peer closed the link before the handshake completed", byPeer: true)
+        }
+        return flush()
+    }
+
+    /// Sends one frame (sealed when encryption is on). A `GO_AWAY` frame closes the link, as
+    /// ``close(code:reason:)`` does. After the link closed, returns nothing.
+    ///
+    /// - Throws: a ``WireError`` before the link is established (code 10), or for a frame the
+    ///   format cannot carry (code 1; see ``Frame/encoded()``). Nothing is sent then and the
+    ///   link stays as it was.
+    public mutating func send(_ frame: Frame, at now: Duration) throws(WireError) -> [LinkOutput] {
+        guard state != .closed else { return [] }
+        guard state == .established else {
+            throw WireError(.internalError, "the link is not established yet: send frames after .established")
+        }
+        self.now = now
+        if case .goAway(let code, let reason) = frame {
+            finish(code, reason, byPeer: false)
+            return flush()
+        }
+        sendRecord(try frame.encoded())
+        return flush()
+    }
+
+    /// Time passes: handshake timeout (code 6), keep-alive `PING` after the idle interval,
+    /// dead link (code 8) after the keep-alive timeout.
+    public mutating func tick(at now: Duration) -> [LinkOutput] {
+        guard state != .idle, state != .closed else { return [] }
+        self.now = now
+        if state != .established {
+            if now >= startedAt + policy.handshakeTimeout {
+                finish(
+                    .handshakeFailed,
+                    "the handshake did not complete within \(WireText.seconds(policy.handshakeTimeout))",
+                    byPeer: false)
+            }
+        } else if now >= lastReceived + policy.keepAliveTimeout {
+            finish(
+                .keepAliveTimeout,
+                "nothing arrived from the peer for \(WireText.seconds(policy.keepAliveTimeout)): the link is dead",
+                byPeer: false)
+        } else if now >= lastSent + policy.keepAliveInterval {
+            let opaque = nextPingOpaque
+            nextPingOpaque &+= 1
+            outstandingPing = (opaque, now)
+            sendFrame(.ping(flags: .syn, opaque: opaque))
+        }
+        return flush()
+    }
+
+    /// Closes the link: with a `GO_AWAY` once established, silently before.
+    public mutating func close(code: GoAwayCode = .normal, reason: String = "closed") -> [LinkOutput] {
+        guard state != .closed else { return [] }
+        finish(code, reason, byPeer: false)
+        return flush()
+    }
+
+    // MARK: - Phases
+
+    private mutating func begin(at now: Duration) {
+        self.now = now
+        startedAt = now
+        lastSent = now
+        lastReceived = now
+        state = .awaitingPreface
+        emit(localPrefaceBytes)
+    }
+
+    /// Handles one complete item at the front of the buffer. False when more bytes are needed.
+    private mutating func step() -> Bool {
+        switch state {
+        case .awaitingPreface: readPreface()
+        case .awaitingVerdict: readVerdict()
+        case .handshaking: readHandshakeMessage()
+        case .established: readRecord()
+        case .idle, .closed: false
+        }
+    }
+
+    private mutating func readPreface() -> Bool {
+        let readable = buffer.readable
+        let preface: LinkPreface
+        let length: Int
+        do {
+            guard let parsed = try LinkPreface.parse(prefix: readable) else { return false }
+            (preface, length) = parsed
+        } catch {
+            emit(Verdict.refuse(code: error.code, reason: error.reason).encoded())
+            finish(error.code, error.reason, byPeer: false)
+            return true
+        }
+        let remoteBytes = Array(readable.prefix(length))
+        buffer.consume(length)
+        remotePreface = preface
+        switch LinkPreface.negotiate(local: localPreface, remote: preface) {
+        case .refused(let code, let reason):
+            emit(Verdict.refuse(code: code, reason: reason).encoded())
+            finish(code, reason, byPeer: false)
+        case .agreed(let agreedVersion, let encrypted):
+            version = agreedVersion
+            isEncrypted = encrypted
+            emit(Verdict.accept.encoded())
+            let prologue =
+                WireFormat.prologueLabel
+                + (role == .dialer ? localPrefaceBytes + remoteBytes : remoteBytes + localPrefaceBytes)
+            handshake = .xx(initiator: role == .dialer, prologue: prologue, staticKey: identity.privateKey)
+            state = .awaitingVerdict
+            if role == .dialer { writeHandshakeMessage(payload: []) }
+        }
+        return true
+    }
+
+    private mutating func readVerdict() -> Bool {
+        guard let (verdict, length) = Verdict.parse(prefix: buffer.readable) else { return false }
+        buffer.consume(length)
+        switch verdict {
+        case .accept:
+            state = .handshaking
+        case .refuse(let code, let reason):
+            finish(code, reason, byPeer: true)
+        }
+        return true
+    }
+
+    private mutating func readHandshakeMessage() -> Bool {
+        let message: [UInt8]
+        do {
+            guard let (body, length) = try Record.parse(prefix: buffer.readable, maxLength: WireFormat.maxHandshakeMessageLength)
+            else { return false }
+            message = Array(body)
+            buffer.consume(length)
+        } catch {
+            finish(.handshakeFailed, error.reason, byPeer: false)
+            return true
+        }
+        guard var noise = handshake else {
+            finish(.internalError, "no handshake state in the handshake phase", byPeer: false)
+            return true
+        }
+        let payload: [UInt8]
+        do {
+            payload = try noise.readMessage(message)
+        } catch {
+            finish(.handshakeFailed, "handshake message \(noise.nextMessageIndex + 1) failed: \(error)", byPeer: false)
+            return true
+        }
+        handshake = noise
+        switch (role, noise.nextMessageIndex) {
+        case (.listener, 1):
+            // Message 1 carries no hello; a payload from a later version is ignored.
+            writeHandshakeMessage(payload: localHello.encoded())
+        case (.dialer, 2):
+            // The listener's hello and key. Checked before message 3, so a peer that is not the
+            // expected one never learns who dialled.
+            guard let (peer, hello) = authenticate(noise, helloPayload: payload) else { return true }
+            writeHandshakeMessage(payload: localHello.encoded())
+            guard state != .closed else { return true }
+            establish(peer: peer, hello: hello)
+        case (.listener, 3):
+            // Keys first, so a failed check can be reported with a GO_AWAY.
+            guard startRecords() else { return true }
+            guard let (peer, hello) = authenticate(noise, helloPayload: payload) else { return true }
+            establish(peer: peer, hello: hello)
+        default:
+            finish(.internalError, "handshake message \(noise.nextMessageIndex) arrived out of turn", byPeer: false)
+        }
+        return true
+    }
+
+    /// The peer's identity and hello after the message that carried them, or nil after closing.
+    private mutating func authenticate(_ noise: NoiseHandshakeState, helloPayload: [UInt8]) -> (PeerID, Hello)? {
+        guard let key = noise.remoteStaticKey else {
+            finish(.handshakeFailed, "the handshake ended without the peer's key", byPeer: false)
+            return nil
+        }
+        let fingerprint = Fingerprint(publicKey: key.rawRepresentation)
+        if let expectedRemote, expectedRemote != fingerprint {
+            finish(
+                .identityMismatch,
+                "the peer's key has fingerprint \(fingerprint.grouped), not \(expectedRemote.grouped) as expected",
+                byPeer: false)
+            return nil
+        }
+        let hello: Hello
+        do {
+            hello = try Hello.decode(helloPayload)
+        } catch {
+            finish(error.code, "the peer's hello is malformed: \(error.reason)", byPeer: false)
+            return nil
+        }
+        return (PeerID(fingerprint: fingerprint, displayName: hello.displayName.value), hello)
+    }
+
+    private mutating func writeHandshakeMessage(payload: [UInt8]) {
+        guard var noise = handshake else { return }
+        do {
+            let message = try noise.writeMessage(payload: payload)
+            handshake = noise
+            emit(Record.framed(message))
+        } catch {
+            finish(.handshakeFailed, "could not write handshake message \(noise.nextMessageIndex + 1): \(error)", byPeer: false)
+        }
+    }
+
+    /// Derives the transport keys and enters the record phase (not yet reported). False after
+    /// closing.
+    private mutating func startRecords() -> Bool {
+        guard var noise = handshake else { return false }
+        do {
+            let keys = try noise.transport()
+            handshakeHash = keys.handshakeHash
+            transport = isEncrypted == true ? keys : nil
+        } catch {
+            finish(.handshakeFailed, "could not derive the transport keys: \(error)", byPeer: false)
+            return false
+        }
+        handshake = nil
+        state = .established
+        lastReceived = now
+        return true
+    }
+
+    private mutating func establish(peer: PeerID, hello: Hello) {
+        if state != .established {
+            guard startRecords() else { return }
+        }
+        remotePeer = peer
+        remoteHello = hello
+        output.append(
+            .established(remote: peer, remoteHello: hello, encrypted: isEncrypted ?? true, version: version ?? WireFormat.version))
+    }
+
+    private mutating func readRecord() -> Bool {
+        let encrypted = isEncrypted == true
+        do {
+            guard
+                let (body, length) = try Record.parse(
+                    prefix: buffer.readable,
+                    maxLength: WireFormat.maxRecordLength(encrypted: encrypted),
+                    minLength: WireFormat.minRecordLength(encrypted: encrypted))
+            else { return false }
+            var plaintext = Array(body)
+            buffer.consume(length)
+            if encrypted {
+                guard var keys = transport else {
+                    finish(.internalError, "no transport keys on an encrypted link", byPeer: false)
+                    return true
+                }
+                do {
+                    plaintext = try keys.open(plaintext)
+                    transport = keys
+                } catch {
+                    finish(.protocolError, "a record failed to decrypt: \(error)", byPeer: false)
+                    return true
+                }
+            }
+            handle(try Frame.decode(plaintext))
+        } catch {
+            finish(error.code, error.reason, byPeer: false)
+        }
+        return true
+    }
+
+    private mutating func handle(_ frame: Frame) {
+        switch frame {
+        case .ping(let flags, let opaque):
+            if flags.contains(.syn) {
+                sendFrame(.ping(flags: .ack, opaque: opaque))
+            } else if flags.contains(.ack), let ping = outstandingPing, ping.opaque == opaque {
+                roundTripTime = now - ping.sentAt
+                outstandingPing = nil
+            }
+        case .goAway(let code, let reason):
+            finish(code, reason, byPeer: true)
+        default:
+            output.append(.frame(frame))
+        }
+    }
+
+    // MARK: - Output
+
+    private mutating func emit(_ bytes: [UInt8]) {
+        output.append(.send(bytes))
+        lastSent = now
+    }
+
+    private mutating func sendFrame(_ frame: Frame) {
+        do {
+            sendRecord(try frame.encoded())
+        } catch {
+            finish(.internalError, "could not encode \(frame): \(error.reason)", byPeer: false)
+        }
+    }
+
+    /// Seals (when encryption is on) and sends one frame's bytes as a record.
+    private mutating func sendRecord(_ frameBytes: [UInt8]) {
+        guard let record = seal(frameBytes) else {
+            finish(.internalError, "could not seal a record", byPeer: false, goAway: false)
+            return
+        }
+        emit(record)
+    }
+
+    private mutating func seal(_ frameBytes: [UInt8]) -> [UInt8]? {
+        guard isEncrypted == true else { return Record.framed(frameBytes) }
+        guard var keys = transport, let sealed = try? keys.seal(frameBytes) else { return nil }
+        transport = keys
+        return Record.framed(sealed)
+    }
+
+    /// Ends the link: a `GO_AWAY` first when records can be sent and `goAway` allows, then
+    /// `.closed`. Everything is dropped; later calls return nothing.
+    private mutating func finish(_ code: GoAwayCode, _ reason: String, byPeer: Bool, goAway: Bool = true) {
+        guard state != .closed else { return }
+        if goAway, !byPeer, state == .established,
+            let bytes = try? Frame.goAway(code: code, reason: reason).encoded(),
+            let record = seal(bytes)
+        {
+            emit(record)
+        }
+        state = .closed
+        buffer.removeAll()
+        handshake = nil
+        transport = nil
+        outstandingPing = nil
+        output.append(.closed(code: code, reason: reason, byPeer: byPeer))
+    }
+
+    /// The outputs of this call, adjacent sends joined into one write.
+    private mutating func flush() -> [LinkOutput] {
+        var joined: [LinkOutput] = []
+        for item in output {
+            if case .send(let bytes) = item, case .send(let previous)? = joined.last {
+                joined[joined.count - 1] = .send(previous + bytes)
+            } else {
+                joined.append(item)
+            }
+        }
+        output = []
+        return joined
+    }
+}

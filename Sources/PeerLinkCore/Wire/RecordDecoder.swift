@@ -1,0 +1,189 @@
+/// Records: a 2-byte length, then that many bytes. Handshake messages travel the same way.
+public enum Record {
+    /// `body` behind its 2-byte length. The caller keeps bodies at most 65535 bytes (frames,
+    /// sealed frames and Noise messages all are); a longer body is cut, never trapped on.
+    public static func framed(_ body: [UInt8]) -> [UInt8] {
+        let length = min(body.count, Int(UInt16.max))
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(2 + length)
+        bytes.appendBigEndian(UInt16(length))
+        bytes += body.prefix(length)
+        return bytes
+    }
+
+    /// The record at the start of `bytes`: its body and the bytes it took, or nil when more
+    /// bytes are needed. A length over `maxLength` fails at once, before any of it is buffered;
+    /// so does one under `minLength`.
+    public static func parse(
+        prefix bytes: ArraySlice<UInt8>, maxLength: Int, minLength: Int = 0
+    ) throws(WireError) -> (body: ArraySlice<UInt8>, consumed: Int)? {
+        var reader = WireReader(bytes)
+        guard let length = reader.uint16() else { return nil }
+        guard Int(length) <= maxLength else {
+            throw .malformed("a record of \(length) bytes is over the limit of \(maxLength)")
+        }
+        guard Int(length) >= minLength else {
+            throw .malformed("a record of \(length) bytes is under the minimum of \(minLength)")
+        }
+        guard let body = reader.bytes(Int(length)) else { return nil }
+        return (body, 2 + Int(length))
+    }
+}
+
+/// A byte queue for input that arrives in pieces: append at the back, consume from the front,
+/// never more than `capacity` bytes held.
+struct InputBuffer: Sendable {
+    let capacity: Int
+    private var storage: [UInt8] = []
+    private var start = 0
+
+    init(capacity: Int) {
+        self.capacity = capacity
+    }
+
+    var count: Int { storage.count - start }
+    var room: Int { capacity - count }
+    var readable: ArraySlice<UInt8> { storage[start...] }
+
+    /// Appends as many of `bytes` as fit and returns the rest.
+    mutating func fill(from bytes: ArraySlice<UInt8>) -> ArraySlice<UInt8> {
+        let taken = min(room, bytes.count)
+        if start > 0, start >= storage.count / 2 {
+            storage.removeFirst(start)
+            start = 0
+        }
+        storage += bytes.prefix(taken)
+        return bytes.dropFirst(taken)
+    }
+
+    mutating func consume(_ count: Int) {
+        start = min(start + max(count, 0), storage.count)
+        if start == storage.count {
+            storage.removeAll(keepingCapacity: storage.capacity <= 2 * capacity)
+            start = 0
+        }
+    }
+
+    mutating func removeAll() {
+        storage = []
+        start = 0
+    }
+}
+
+/// Turns a byte stream cut anywhere into records (2-byte length prefix), holding at most one
+/// record's worth of bytes.
+///
+/// Errors are values: the output of each call is the records it completed, then at most one
+/// failure, after which the decoder is done and every later call returns nothing. Feeding the
+/// same bytes in any pieces gives the same sequence of results.
+public struct RecordDecoder: Sendable {
+    public let maxRecordLength: Int
+    public let minRecordLength: Int
+    private var buffer: InputBuffer
+    public private(set) var failure: WireError?
+
+    /// - Parameters:
+    ///   - maxRecordLength: the longest body accepted (at most 65535).
+    ///   - minRecordLength: the shortest body accepted.
+    public init(
+        maxRecordLength: Int = WireFormat.maxRecordLength(encrypted: false),
+        minRecordLength: Int = 0
+    ) {
+        self.maxRecordLength = min(max(maxRecordLength, 0), Int(UInt16.max))
+        self.minRecordLength = minRecordLength
+        buffer = InputBuffer(capacity: 2 + self.maxRecordLength)
+    }
+
+    /// The bytes held back: the start of a record not yet complete.
+    public var bufferedByteCount: Int { buffer.count }
+
+    public mutating func decode(_ bytes: ArraySlice<UInt8>) -> [Result<[UInt8], WireError>] {
+        guard failure == nil else { return [] }
+        var results: [Result<[UInt8], WireError>] = []
+        var input = bytes
+        while true {
+            do {
+                if let (body, consumed) = try Record.parse(
+                    prefix: buffer.readable, maxLength: maxRecordLength, minLength: minRecordLength)
+                {
+                    results.append(.success(Array(body)))
+                    buffer.consume(consumed)
+                    continue
+                }
+            } catch {
+                failure = error
+                buffer.removeAll()
+                results.append(.failure(error))
+                return results
+            }
+            if input.isEmpty { return results }
+            input = buffer.fill(from: input)
+        }
+    }
+
+    public mutating func decode(_ bytes: [UInt8]) -> [Result<[UInt8], WireError>] {
+        decode(bytes[...])
+    }
+
+    /// The end of the stream: a failure if it ends inside a record.
+    public mutating func finish() -> WireError? {
+        guard failure == nil else { return nil }
+        guard buffer.count == 0 else {
+            let error = WireError.malformed("the stream ends inside a record (\(buffer.count) bytes of it arrived)")
+            failure = error
+            buffer.removeAll()
+            return error
+        }
+        return nil
+    }
+}
+
+/// Records of unencrypted frames: a ``RecordDecoder`` whose records are decoded as frames.
+public struct FrameDecoder: Sendable {
+    private var records = RecordDecoder(
+        maxRecordLength: WireFormat.maxRecordLength(encrypted: false),
+        minRecordLength: WireFormat.minRecordLength(encrypted: false))
+    private var failed = false
+
+    public init() {}
+
+    public var bufferedByteCount: Int { records.bufferedByteCount }
+
+    public mutating func decode(_ bytes: ArraySlice<UInt8>) -> [Result<Frame, WireError>] {
+        guard !failed else { return [] }
+        var results: [Result<Frame, WireError>] = []
+        for record in records.decode(bytes) {
+            switch record {
+            case .success(let body):
+                do {
+                    results.append(.success(try Frame.decode(body)))
+                } catch {
+                    failed = true
+                    results.append(.failure(error))
+                    return results
+                }
+            case .failure(let error):
+                failed = true
+                results.append(.failure(error))
+            }
+        }
+        return results
+    }
+
+    public mutating func decode(_ bytes: [UInt8]) -> [Result<Frame, WireError>] {
+        decode(bytes[...])
+    }
+
+    /// The end of the stream: a failure if it ends inside a record.
+    public mutating func finish() -> WireError? {
+        guard !failed else { return nil }
+        let error = records.finish()
+        if error != nil { failed = true }
+        return error
+    }
+
+    /// One frame as a record's bytes (unencrypted).
+    public static func record(_ frame: Frame) throws(WireError) -> [UInt8] {
+        Record.framed(try frame.encoded())
+    }
+}

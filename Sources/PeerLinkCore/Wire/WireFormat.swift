@@ -1,0 +1,293 @@
+/// The constants of PeerLink's link protocol, version 1 (the *Wire Format* article is the spec).
+public enum WireFormat {
+    /// The first four bytes of every preface: `P` `L` `N` `K`.
+    public static let magic: [UInt8] = [0x50, 0x4C, 0x4E, 0x4B]
+    /// The protocol version this implementation speaks.
+    public static let version: UInt8 = 1
+    /// Every version this implementation speaks, highest first (what a preface lists by default).
+    public static let supportedVersions: [UInt8] = [1]
+
+    /// The largest preface: magic, count, 255 versions, encryption, service length, 15 bytes.
+    public static let maxPrefaceLength = 4 + 1 + 255 + 1 + 1 + ServiceType.maximumLength
+    /// The label at the start of the Noise prologue, followed by both prefaces.
+    public static let prologueLabel: [UInt8] = Array("PeerLink link v1".utf8)
+    /// The largest Noise handshake message (it travels behind a 2-byte length).
+    public static let maxHandshakeMessageLength = 65535
+
+    /// The size of a frame header: version, type, flags, stream id, length.
+    public static let frameHeaderLength = 12
+    /// The largest frame payload (the maximum frame size).
+    public static let maxFramePayload = 16384
+    /// The size of the authentication tag at the end of an encrypted record.
+    public static let tagLength = 16
+    /// The largest reliable message, reassembled from its chunks.
+    public static let maxMessageLength = 16 * 1024 * 1024
+    /// The largest context an `INVITE` carries.
+    public static let maxContextLength = 8192
+    /// The receive window every stream starts with.
+    public static let initialStreamWindow = 256 * 1024
+
+    /// The largest record body: a whole frame, plus the tag when encryption is on.
+    public static func maxRecordLength(encrypted: Bool) -> Int {
+        frameHeaderLength + maxFramePayload + (encrypted ? tagLength : 0)
+    }
+
+    /// The smallest record body: a frame header, plus the tag when encryption is on.
+    public static func minRecordLength(encrypted: Bool) -> Int {
+        frameHeaderLength + (encrypted ? tagLength : 0)
+    }
+
+    /// The most bytes a ``LinkStateMachine`` ever holds back while waiting for the rest of
+    /// something: a refusing verdict with the longest reason (1 + 2 + 65535 bytes), which is also
+    /// more than the longest handshake message, record or preface.
+    public static let maxBufferedBytes = 3 + 65535
+}
+
+/// The timing of a link: a policy value, not constants scattered through the code.
+public struct LinkPolicy: Hashable, Sendable {
+    /// A link whose handshake (preface, verdicts, Noise) is not done this long after it opened
+    /// is closed with code 6.
+    public var handshakeTimeout: Duration
+    /// A side that has sent nothing for this long sends a `PING`.
+    public var keepAliveInterval: Duration
+    /// A link on which nothing arrived for this long is dead: closed with code 8.
+    public var keepAliveTimeout: Duration
+
+    public init(
+        handshakeTimeout: Duration = .seconds(10),
+        keepAliveInterval: Duration = .milliseconds(2500),
+        keepAliveTimeout: Duration = .seconds(10)
+    ) {
+        self.handshakeTimeout = handshakeTimeout
+        self.keepAliveInterval = keepAliveInterval
+        self.keepAliveTimeout = keepAliveTimeout
+    }
+
+    /// The spec's defaults: 10 s handshake, ping after 2.5 s idle, dead after 10 s of silence.
+    public static let `default` = LinkPolicy()
+}
+
+/// Why a link is closed, as carried by a verdict or a `GO_AWAY` frame.
+///
+/// Codes this version does not know are kept as ``other(_:)``, so they can be logged and passed
+/// on; `GoAwayCode(rawValue:)` never produces `.other` for a known number, and two codes are
+/// equal when their numbers are.
+public enum GoAwayCode: Hashable, Sendable, CustomStringConvertible {
+    /// 0: normal close (the peer left).
+    case normal
+    /// 1: protocol error (malformed preface, frame or record).
+    case protocolError
+    /// 2: no common protocol version.
+    case unsupportedVersion
+    /// 3: the service types differ.
+    case serviceMismatch
+    /// 4: encryption required by one side and refused by the other.
+    case encryptionMismatch
+    /// 5: the session is full.
+    case sessionFull
+    /// 6: the handshake failed or timed out.
+    case handshakeFailed
+    /// 7: the peer's key is not the one it was advertised under.
+    case identityMismatch
+    /// 8: nothing arrived for the keep-alive timeout.
+    case keepAliveTimeout
+    /// 9: the pair already has a link.
+    case duplicateLink
+    /// 10: internal error.
+    case internalError
+    /// A code this version does not know.
+    case other(UInt32)
+
+    public init(rawValue: UInt32) {
+        switch rawValue {
+        case 0: self = .normal
+        case 1: self = .protocolError
+        case 2: self = .unsupportedVersion
+        case 3: self = .serviceMismatch
+        case 4: self = .encryptionMismatch
+        case 5: self = .sessionFull
+        case 6: self = .handshakeFailed
+        case 7: self = .identityMismatch
+        case 8: self = .keepAliveTimeout
+        case 9: self = .duplicateLink
+        case 10: self = .internalError
+        default: self = .other(rawValue)
+        }
+    }
+
+    public var rawValue: UInt32 {
+        switch self {
+        case .normal: 0
+        case .protocolError: 1
+        case .unsupportedVersion: 2
+        case .serviceMismatch: 3
+        case .encryptionMismatch: 4
+        case .sessionFull: 5
+        case .handshakeFailed: 6
+        case .identityMismatch: 7
+        case .keepAliveTimeout: 8
+        case .duplicateLink: 9
+        case .internalError: 10
+        case .other(let value): value
+        }
+    }
+
+    public static func == (lhs: GoAwayCode, rhs: GoAwayCode) -> Bool { lhs.rawValue == rhs.rawValue }
+    public func hash(into hasher: inout Hasher) { hasher.combine(rawValue) }
+
+    public var description: String {
+        let meaning =
+            switch self {
+            case .normal: "normal close"
+            case .protocolError: "protocol error"
+            case .unsupportedVersion: "unsupported version"
+            case .serviceMismatch: "service type mismatch"
+            case .encryptionMismatch: "encryption mismatch"
+            case .sessionFull: "session full"
+            case .handshakeFailed: "handshake failed"
+            case .identityMismatch: "identity mismatch"
+            case .keepAliveTimeout: "keep-alive timeout"
+            case .duplicateLink: "duplicate link"
+            case .internalError: "internal error"
+            case .other: "unknown code"
+            }
+        return "\(rawValue) (\(meaning))"
+    }
+}
+
+/// A violation of the wire format, found in bytes from the peer or in a value that cannot be
+/// encoded: the go-away code to close the link with, and a reason a person can read
+/// ("frame type 0x9 is unknown").
+///
+/// Decoders report every problem with hostile input as one of these; none of them traps.
+public struct WireError: Error, Hashable, Sendable, CustomStringConvertible {
+    public var code: GoAwayCode
+    public var reason: String
+
+    public init(_ code: GoAwayCode, _ reason: String) {
+        self.code = code
+        self.reason = reason
+    }
+
+    /// A protocol error (code 1).
+    static func malformed(_ reason: String) -> WireError { WireError(.protocolError, reason) }
+
+    public var description: String { "\(reason) (go-away code \(code.rawValue))" }
+}
+
+// MARK: - Bytes
+
+/// Reads big-endian fields front to back from untrusted bytes. Every read checks the length
+/// first and returns nil when the bytes run out; nothing here can trap.
+struct WireReader {
+    private(set) var remaining: ArraySlice<UInt8>
+
+    init(_ bytes: ArraySlice<UInt8>) {
+        remaining = bytes
+    }
+
+    var count: Int { remaining.count }
+    var isAtEnd: Bool { remaining.isEmpty }
+
+    mutating func uint8() -> UInt8? {
+        guard let byte = remaining.first else { return nil }
+        remaining = remaining.dropFirst()
+        return byte
+    }
+
+    mutating func uint16() -> UInt16? {
+        guard let bytes = bytes(2) else { return nil }
+        return bytes.reduce(0) { $0 << 8 | UInt16($1) }
+    }
+
+    mutating func uint32() -> UInt32? {
+        guard let bytes = bytes(4) else { return nil }
+        return bytes.reduce(0) { $0 << 8 | UInt32($1) }
+    }
+
+    mutating func uint64() -> UInt64? {
+        guard let bytes = bytes(8) else { return nil }
+        return bytes.reduce(0) { $0 << 8 | UInt64($1) }
+    }
+
+    mutating func bytes(_ count: Int) -> ArraySlice<UInt8>? {
+        guard count >= 0, remaining.count >= count else { return nil }
+        let taken = remaining.prefix(count)
+        remaining = remaining.dropFirst(count)
+        return taken
+    }
+
+    mutating func rest() -> ArraySlice<UInt8> {
+        let rest = remaining
+        remaining = remaining.suffix(0)
+        return rest
+    }
+
+    /// The byte at `offset` from the current position, if there is one (no consumption).
+    func peek(at offset: Int) -> UInt8? {
+        guard offset >= 0, offset < remaining.count else { return nil }
+        return remaining[remaining.startIndex + offset]
+    }
+}
+
+extension Array where Element == UInt8 {
+    mutating func appendBigEndian(_ value: UInt16) {
+        append(UInt8(truncatingIfNeeded: value >> 8))
+        append(UInt8(truncatingIfNeeded: value))
+    }
+
+    mutating func appendBigEndian(_ value: UInt32) {
+        for shift in stride(from: 24, through: 0, by: -8) { append(UInt8(truncatingIfNeeded: value >> UInt32(shift))) }
+    }
+
+    mutating func appendBigEndian(_ value: UInt64) {
+        for shift in stride(from: 56, through: 0, by: -8) { append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
+    }
+}
+
+enum WireText {
+    /// Text from the peer shown to people (reasons): invalid UTF-8 becomes U+FFFD rather than
+    /// an error, so a badly encoded reason never hides the code that came with it.
+    static func lenient(_ bytes: some Collection<UInt8>) -> String {
+        String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// Strict UTF-8, or nil.
+    static func strict(_ bytes: some Collection<UInt8>) -> String? {
+        var iterator = bytes.makeIterator()
+        var scalars = String.UnicodeScalarView()
+        var decoder = UTF8()
+        while true {
+            switch decoder.decode(&iterator) {
+            case .scalarValue(let scalar): scalars.append(scalar)
+            case .emptyInput: return String(scalars)
+            case .error: return nil
+            }
+        }
+    }
+
+    /// The UTF-8 of `text`, cut at a character boundary to at most `limit` bytes.
+    static func utf8(_ text: String, limit: Int) -> [UInt8] {
+        var bytes: [UInt8] = []
+        for character in text {
+            let encoded = Array(character.utf8)
+            if bytes.count + encoded.count > limit { break }
+            bytes += encoded
+        }
+        return bytes
+    }
+
+    /// A duration as people read it: `10 s`, `2.5 s`, `0.25 s`.
+    static func seconds(_ duration: Duration) -> String {
+        let (seconds, attoseconds) = duration.components
+        let milliseconds = seconds * 1000 + attoseconds / 1_000_000_000_000_000
+        let whole = milliseconds / 1000
+        var fraction = String(abs(milliseconds % 1000))
+        if fraction == "0" { return "\(whole) s" }
+        while fraction.count < 3 { fraction = "0" + fraction }
+        while fraction.hasSuffix("0") { fraction.removeLast() }
+        return "\(whole).\(fraction) s"
+    }
+
+    static func hex(_ value: some BinaryInteger) -> String { "0x" + String(value, radix: 16) }
+}

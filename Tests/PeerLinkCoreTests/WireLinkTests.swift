@@ -1,0 +1,546 @@
+import PeerLinkCore
+import Testing
+
+/// The arguments of the all-combinations test: both preferences and how bytes are cut.
+struct PreferenceCase: Sendable, CustomTestStringConvertible {
+    let dialer: EncryptionPreference
+    let listener: EncryptionPreference
+    let granularity: Granularity
+
+    var testDescription: String { "\(dialer) × \(listener), \(granularity.testDescription)" }
+
+    static let all: [PreferenceCase] = EncryptionPreference.allCases.flatMap { dialer in
+        EncryptionPreference.allCases.flatMap { listener in
+            Granularity.all.map { PreferenceCase(dialer: dialer, listener: listener, granularity: $0) }
+        }
+    }
+}
+
+@Suite("LinkStateMachine: preface, handshake and records between two machines")
+struct WireLinkTests {
+    /// The `.established` event's fields, compared in full (PeerID equality ignores names).
+    static func established(_ events: [LinkOutput]) -> (remote: PeerID, hello: Hello, encrypted: Bool, version: UInt8)? {
+        for event in events {
+            if case .established(let remote, let hello, let encrypted, let version) = event {
+                return (remote, hello, encrypted, version)
+            }
+        }
+        return nil
+    }
+
+    @Test(arguments: PreferenceCase.all)
+    func everyPreferencePair(_ input: PreferenceCase) throws {
+        var pair = LinkPair(
+            dialer: WireFixture.preface(input.dialer), listener: WireFixture.preface(input.listener),
+            granularity: input.granularity)
+        pair.connect()
+
+        guard let encrypted = EncryptionPreference.agreement(input.dialer, input.listener) else {
+            // required × none: both sides refuse, each telling its user why.
+            for (side, events) in [("dialer", pair.dialerEvents), ("listener", pair.listenerEvents)] {
+                #expect(events.count == 1, "\(side): \(events)")
+                let closure = try #require(events.closure)
+                #expect(closure.code == .encryptionMismatch)
+                #expect(!closure.byPeer)
+                #expect(closure.reason.contains("encryption"))
+            }
+            #expect(pair.dialer.state == .closed)
+            #expect(pair.listener.state == .closed)
+            return
+        }
+
+        let atDialer = try #require(Self.established(pair.dialerEvents), "\(pair.dialerEvents)")
+        let atListener = try #require(Self.established(pair.listenerEvents), "\(pair.listenerEvents)")
+        #expect(pair.dialerEvents.count == 1)
+        #expect(pair.listenerEvents.count == 1)
+        #expect(atDialer.remote == pair.listenerPeer)
+        #expect(atDialer.remote.displayName == "Bo")
+        #expect(atDialer.hello == WireFixture.hello("Bo", session: WireFixture.session))
+        #expect(atListener.remote == pair.dialerPeer)
+        #expect(atListener.remote.displayName == "Ana")
+        #expect(atListener.hello == WireFixture.hello("Ana"))
+        #expect(atDialer.encrypted == encrypted)
+        #expect(atListener.encrypted == encrypted)
+        #expect(atDialer.version == 1)
+        #expect(atListener.version == 1)
+        #expect(pair.dialer.handshakeHash == pair.listener.handshakeHash)
+        #expect(pair.dialer.handshakeHash?.count == 32)
+
+        // Records flow both ways, in order.
+        let toListener: [Frame] = [
+            .message(id: 1, flags: .more, chunk: [UInt8](repeating: 1, count: 16384)),
+            .message(id: 1, flags: [], chunk: Array("end".utf8)),
+            .control(.invite(invitation: 1, session: WireFixture.session, timeoutMilliseconds: 30_000, context: [7])),
+            .data(stream: 1, flags: .syn, payload: [1, 2, 3]),
+        ]
+        for frame in toListener { try pair.dialerSends(frame) }
+        try pair.listenerSends(.control(.accept(invitation: 1)))
+        try pair.listenerSends(.datagram([9]))
+        #expect(pair.listenerEvents.dropFirst() == toListener.map(LinkOutput.frame)[...])
+        #expect(pair.dialerEvents.dropFirst() == [.frame(.control(.accept(invitation: 1))), .frame(.datagram([9]))])
+
+        // A graceful close reaches the other side with its code and reason.
+        pair.absorbDialer(pair.dialer.close(code: .normal, reason: "the app left"))
+        pair.pump()
+        #expect(pair.dialerEvents.last == .closed(code: .normal, reason: "the app left", byPeer: false))
+        #expect(pair.listenerEvents.last == .closed(code: .normal, reason: "the app left", byPeer: true))
+    }
+
+    @Test(arguments: [true, false])
+    func encryptionHidesThePayload(_ encrypted: Bool) throws {
+        let preference: EncryptionPreference = encrypted ? .required : .none
+        var pair = LinkPair(dialer: WireFixture.preface(preference), listener: WireFixture.preface(preference))
+        pair.connect()
+        #expect(Self.established(pair.dialerEvents)?.encrypted == encrypted)
+        let handshakeBytes = pair.dialerWire.count
+        let secret = Array("the secret payload of a MESSAGE frame".utf8)
+        try pair.dialerSends(.message(id: 1, flags: [], chunk: secret))
+        let afterHandshake = Array(pair.dialerWire[handshakeBytes...])
+        #expect(afterHandshake.containsRun(secret) == !encrypted)
+        #expect(afterHandshake.count == 2 + 12 + secret.count + (encrypted ? 16 : 0))
+        #expect(pair.listenerEvents.last == .frame(.message(id: 1, flags: [], chunk: secret)))
+    }
+
+    @Test func versionMismatchBetweenMachines() throws {
+        var pair = LinkPair(listener: WireFixture.preface(versions: [9]))
+        pair.connect()
+        let dialer = try #require(pair.dialerEvents.closure)
+        #expect(dialer.code == .unsupportedVersion)
+        #expect(dialer.reason.contains("versions 1"))
+        #expect(!dialer.byPeer)
+        let listener = try #require(pair.listenerEvents.closure)
+        #expect(listener.code == .unsupportedVersion)
+        #expect(listener.reason.contains("versions 9"))
+        #expect(pair.dialerEvents.count == 1)
+        #expect(pair.listenerEvents.count == 1)
+    }
+
+    /// A peer that speaks only version 9, played byte by byte: it is told, in the verdict, which
+    /// versions this side speaks.
+    @Test func versionNinePeerIsToldWhichVersionsThisSideSpeaks() throws {
+        var link = LinkStateMachine(
+            role: .listener, identity: .generate(), preface: WireFixture.preface(), hello: WireFixture.hello("Bo"))
+        let started = link.start(at: .zero)
+        #expect(started == [.send(WireFixture.preface().encoded())])
+        let outputs = link.receive(WireFixture.preface(versions: [9]).encoded(), at: .zero)
+        #expect(outputs.count == 2)
+        let verdict = try Verdict.decode(outputs.sentBytes)
+        guard case .refuse(let code, let reason) = verdict else {
+            Issue.record("expected a refusal, got \(verdict)")
+            return
+        }
+        #expect(code == .unsupportedVersion)
+        #expect(reason.contains("this peer speaks PeerLink protocol versions 1"))
+        #expect(outputs.last == .closed(code: .unsupportedVersion, reason: reason, byPeer: false))
+    }
+
+    @Test func serviceMismatch() throws {
+        var pair = LinkPair(listener: WireFixture.preface(service: try ServiceType("files")))
+        pair.connect()
+        for events in [pair.dialerEvents, pair.listenerEvents] {
+            let closure = try #require(events.closure)
+            #expect(closure.code == .serviceMismatch)
+            #expect(closure.reason.contains("'chat'") && closure.reason.contains("'files'"))
+            #expect(events.count == 1)
+        }
+    }
+
+    /// The dialer finds someone else behind the address: it stops before message 3, so the
+    /// impostor never learns who dialled, and reports code 7.
+    @Test func dialerFindsAnotherKeyThanExpected() throws {
+        let advertised = Identity.generate().fingerprint
+        var pair = LinkPair(dialerExpects: .fingerprint(advertised))
+        pair.connect()
+        #expect(pair.dialerEvents.count == 1)
+        let dialer = try #require(pair.dialerEvents.closure)
+        #expect(dialer.code == .identityMismatch)
+        #expect(!dialer.byPeer)
+        #expect(dialer.reason.contains(advertised.grouped))
+        #expect(dialer.reason.contains(pair.listenerIdentity.fingerprint.grouped))
+        // The listener never got message 3, so never established: it sees the link end.
+        #expect(pair.listenerEvents == [
+            .closed(code: .handshakeFailed, reason: "the peer closed the link before the handshake completed", byPeer: true)
+        ])
+        // Preface, verdict, message 1 (2 + 32 bytes), nothing else.
+        #expect(pair.dialerWire.count == WireFixture.preface().encoded().count + 1 + 2 + 32)
+    }
+
+    @Test func listenerFindsAnotherKeyThanExpected() throws {
+        let expected = Identity.generate().fingerprint
+        var pair = LinkPair(listenerExpects: expected)
+        pair.connect()
+        // The dialer was established after message 3, then told why by a GO_AWAY.
+        #expect(Self.established(pair.dialerEvents) != nil)
+        let dialer = try #require(pair.dialerEvents.closure)
+        #expect(dialer.code == .identityMismatch)
+        #expect(dialer.byPeer)
+        #expect(pair.listenerEvents.count == 1)
+        let listener = try #require(pair.listenerEvents.closure)
+        #expect(listener.code == .identityMismatch)
+        #expect(!listener.byPeer)
+    }
+
+    @Test func matchingExpectationsOnBothSides() throws {
+        let dialerIdentity = Identity.generate()
+        var pair = LinkPair(dialerIdentity: dialerIdentity, listenerExpects: dialerIdentity.fingerprint)
+        pair.connect()
+        #expect(Self.established(pair.dialerEvents) != nil)
+        #expect(Self.established(pair.listenerEvents) != nil)
+        #expect(pair.dialer.remotePeer == pair.listenerPeer)
+        #expect(pair.listener.remotePeer == pair.dialerPeer)
+    }
+
+    /// A man in the middle changes the dialer's encryption preference in transit: both sides
+    /// still agree on a link, but the prologues differ, so the handshake fails.
+    @Test func tamperedPrefaceBreaksTheHandshake() throws {
+        var dialer = LinkStateMachine(
+            role: .dialer, identity: .generate(), preface: WireFixture.preface(.optional), hello: WireFixture.hello("Ana"))
+        var listener = LinkStateMachine(
+            role: .listener, identity: .generate(), preface: WireFixture.preface(.optional), hello: WireFixture.hello("Bo"))
+        var toListener = dialer.start(at: .zero).sentBytes
+        #expect(toListener[6] == EncryptionPreference.optional.rawValue)
+        toListener[6] = EncryptionPreference.required.rawValue
+        var toDialer = listener.start(at: .zero).sentBytes
+        var dialerEvents: [LinkOutput] = []
+        var listenerEvents: [LinkOutput] = []
+        for _ in 0..<5 {
+            let fromListener = listener.receive(toListener, at: .zero)
+            toListener = []
+            toDialer += fromListener.sentBytes
+            listenerEvents += fromListener.events
+            let fromDialer = dialer.receive(toDialer, at: .zero)
+            toDialer = []
+            toListener += fromDialer.sentBytes
+            dialerEvents += fromDialer.events
+        }
+        #expect(listenerEvents == [])
+        let closure = try #require(dialerEvents.closure)
+        #expect(closure.code == .handshakeFailed)
+        #expect(dialerEvents.count == 1)
+    }
+
+    @Test func afterClosedEverythingYieldsNothing() throws {
+        var pair = LinkPair()
+        pair.connect()
+        pair.absorbListener(pair.listener.close(code: .sessionFull, reason: "full"))
+        pair.pump()
+        #expect(pair.dialerEvents.last == .closed(code: .sessionFull, reason: "full", byPeer: true))
+        for link in [pair.dialer, pair.listener] {
+            var link = link
+            #expect(link.state == .closed)
+            #expect(link.receive(WireFixture.preface().encoded(), at: .seconds(1)) == [])
+            #expect(link.receive([0, 5, 1, 2, 3, 4, 5], at: .seconds(1)) == [])
+            #expect(link.tick(at: .seconds(100)) == [])
+            #expect(link.receiveEnd(at: .seconds(100)) == [])
+            #expect(link.close() == [])
+            #expect(try link.send(.datagram([1]), at: .seconds(100)) == [])
+            #expect(link.start(at: .seconds(100)) == [])
+            #expect(link.nextDeadline == nil)
+        }
+    }
+
+    @Test func sendingBeforeEstablishedThrowsAndChangesNothing() throws {
+        var link = LinkStateMachine(
+            role: .dialer, identity: .generate(), preface: WireFixture.preface(), hello: WireFixture.hello("Ana"))
+        #expect(throws: WireError.self) { try link.send(.datagram([1]), at: .zero) }
+        _ = link.start(at: .zero)
+        #expect(throws: WireError.self) { try link.send(.datagram([1]), at: .zero) }
+        #expect(link.state == .awaitingPreface)
+
+        var pair = LinkPair()
+        pair.connect()
+        #expect(throws: WireError.self) { try pair.dialer.send(.datagram([UInt8](repeating: 0, count: 16385)), at: .zero) }
+        #expect(pair.dialer.state == .established)
+    }
+
+    @Test func sendingGoAwayCloses() throws {
+        var pair = LinkPair()
+        pair.connect()
+        try pair.dialerSends(.goAway(code: .duplicateLink, reason: "tie-break"))
+        #expect(pair.dialerEvents.last == .closed(code: .duplicateLink, reason: "tie-break", byPeer: false))
+        #expect(pair.listenerEvents.last == .closed(code: .duplicateLink, reason: "tie-break", byPeer: true))
+    }
+
+    @Test func peerEndingAnEstablishedLinkWithoutGoAway() {
+        var pair = LinkPair()
+        pair.connect()
+        #expect(
+            pair.listener.receiveEnd(at: .seconds(1)) == [
+                .closed(code: .protocolError, reason: "the peer closed the link without a GO_AWAY", byPeer: true)
+            ])
+    }
+}
+
+@Suite("LinkStateMachine: time (handshake timeout, keep-alive), injected")
+struct WireLinkTimeTests {
+    @Test(arguments: [Duration.zero, .seconds(1000)])
+    func handshakeTimeoutAfterTenSecondsAndNotBefore(_ start: Duration) {
+        var link = LinkStateMachine(
+            role: .listener, identity: .generate(), preface: WireFixture.preface(), hello: WireFixture.hello("Bo"))
+        #expect(link.tick(at: start) == [])  // not started: nothing to time
+        _ = link.start(at: start)
+        #expect(link.nextDeadline == start + .seconds(10))
+        // A peer that sends its preface and verdict, then nothing.
+        #expect(link.receive(WireFixture.preface().encoded() + [0], at: start + .seconds(1)).events == [])
+        #expect(link.state == .handshaking)
+        for time in [Duration.zero, .seconds(5), .milliseconds(9999)] {
+            #expect(link.tick(at: start + time) == [])
+        }
+        #expect(
+            link.tick(at: start + .seconds(10)) == [
+                .closed(code: .handshakeFailed, reason: "the handshake did not complete within 10 s", byPeer: false)
+            ])
+        #expect(link.tick(at: start + .seconds(11)) == [])
+    }
+
+    @Test func silentPeerTimesOutInThePreface() {
+        var link = LinkStateMachine(
+            role: .dialer, identity: .generate(), preface: WireFixture.preface(), hello: WireFixture.hello("Ana"),
+            policy: LinkPolicy(handshakeTimeout: .milliseconds(2500)))
+        _ = link.start(at: .zero)
+        #expect(link.tick(at: .milliseconds(2499)) == [])
+        #expect(link.tick(at: .milliseconds(2500)).closure?.code == .handshakeFailed)
+    }
+
+    @Test func pingAfterIdleIntervalThenDeadAfterTimeout() throws {
+        var pair = LinkPair()
+        pair.connect()
+        #expect(pair.dialer.state == .established)
+        #expect(pair.dialer.nextDeadline == .milliseconds(2500))
+        var dialer = pair.dialer
+        // Nothing sent for less than 2.5 s: nothing to do.
+        #expect(dialer.tick(at: .milliseconds(2499)) == [])
+        // 2.5 s idle: a PING request.
+        let ping = dialer.tick(at: .milliseconds(2500))
+        #expect(ping.events == [])
+        #expect(ping.count == 1)
+        #expect(dialer.nextDeadline == .seconds(5))
+        #expect(dialer.tick(at: .seconds(4)) == [])
+        #expect(dialer.tick(at: .seconds(5)).count == 1)
+        // Nothing arrived since 0: dead at 10 s, with a GO_AWAY for the peer in case it listens.
+        #expect(dialer.tick(at: .milliseconds(9999)).events == [])
+        let dead = dialer.tick(at: .seconds(10))
+        #expect(dead.count == 2)
+        guard case .send = dead.first else {
+            Issue.record("expected a GO_AWAY first: \(dead)")
+            return
+        }
+        #expect(
+            dead.last == .closed(code: .keepAliveTimeout, reason: "nothing arrived from the peer for 10 s: the link is dead", byPeer: false))
+        #expect(dialer.tick(at: .seconds(20)) == [])
+    }
+
+    /// In clear, the keep-alive frames themselves can be read off the wire.
+    @Test func pingIsAnsweredAndNotSurfaced() throws {
+        var pair = LinkPair(dialer: WireFixture.preface(.none), listener: WireFixture.preface(.none))
+        pair.connect()
+        let dialerBefore = pair.dialerWire.count
+        let listenerBefore = pair.listenerWire.count
+        pair.now = .milliseconds(2500)
+        pair.absorbDialer(pair.dialer.tick(at: pair.now))
+        pair.pump()
+        var fromDialer = FrameDecoder()
+        var fromListener = FrameDecoder()
+        #expect(fromDialer.decode(Array(pair.dialerWire[dialerBefore...])) == [.success(.ping(flags: .syn, opaque: 1))])
+        #expect(fromListener.decode(Array(pair.listenerWire[listenerBefore...])) == [.success(.ping(flags: .ack, opaque: 1))])
+        // Neither side surfaced the pings.
+        #expect(pair.dialerEvents.count == 1)
+        #expect(pair.listenerEvents.count == 1)
+        #expect(pair.dialer.roundTripTime == .zero)
+    }
+
+    @Test(arguments: [EncryptionPreference.none, .required])
+    func keptAliveWhileThePeerAnswers(_ encryption: EncryptionPreference) {
+        var pair = LinkPair(dialer: WireFixture.preface(encryption), listener: WireFixture.preface(encryption))
+        pair.connect()
+        // A minute of silence from the apps, timers firing every 100 ms on both sides.
+        for step in 1...600 { pair.tick(at: .milliseconds(100 * step)) }
+        #expect(pair.dialer.state == .established)
+        #expect(pair.listener.state == .established)
+        #expect(pair.dialerEvents.count == 1)
+        #expect(pair.listenerEvents.count == 1)
+        #expect(pair.dialer.roundTripTime == .zero)
+        // Pings went out roughly every 2.5 s, not more.
+        #expect(pair.dialerWire.count < 2000)
+    }
+
+    @Test func onlyOneSideTicksAndTheAnswersKeepItAlive() {
+        var pair = LinkPair()
+        pair.connect()
+        for step in 1...100 {
+            pair.now = .milliseconds(500 * step)
+            pair.absorbDialer(pair.dialer.tick(at: pair.now))
+            pair.pump()
+        }
+        #expect(pair.dialer.state == .established)
+    }
+
+    @Test func nextDeadlineFollowsTraffic() throws {
+        var pair = LinkPair()
+        pair.connect()
+        pair.now = .seconds(2)
+        try pair.dialerSends(.datagram([1]))
+        // Sent at 2 s; received at 0 s (the listener said nothing since).
+        #expect(pair.dialer.nextDeadline == .milliseconds(4500))
+        #expect(pair.listener.nextDeadline == .milliseconds(2500))
+    }
+}
+
+@Suite("LinkStateMachine: hostile peers")
+struct WireLinkHostileTests {
+    static func listener(encryption: EncryptionPreference = .optional) -> LinkStateMachine {
+        LinkStateMachine(
+            role: .listener, identity: .generate(), preface: WireFixture.preface(encryption), hello: WireFixture.hello("Bo"))
+    }
+
+    @Test func garbagePreface() throws {
+        var link = Self.listener()
+        _ = link.start(at: .zero)
+        let outputs = link.receive(Array("GET / HTTP/1.1\r\nHost: x\r\n\r\n".utf8), at: .zero)
+        let closure = try #require(outputs.closure)
+        #expect(closure.code == .protocolError)
+        #expect(closure.reason.contains("PLNK"))
+        #expect(!closure.byPeer)
+        // The refusing verdict says so, in case it is a PeerLink peer with a bug.
+        #expect(try Verdict.decode(outputs.sentBytes) == .refuse(code: .protocolError, reason: closure.reason))
+        #expect(link.bufferedByteCount == 0)
+    }
+
+    @Test func malformedPrefaceFields() throws {
+        for bytes: [UInt8] in [
+            WireFormat.magic + [0], WireFormat.magic + [1, 1, 7], WireFormat.magic + [1, 1, 1, 0],
+            WireFormat.magic + [1, 1, 1, 4] + Array("CHAT".utf8),
+        ] {
+            var link = Self.listener()
+            _ = link.start(at: .zero)
+            #expect(link.receive(bytes, at: .zero).closure?.code == .protocolError, "\(bytes)")
+        }
+    }
+
+    @Test func refusalFromThePeerIsSurfaced() {
+        var link = Self.listener()
+        _ = link.start(at: .zero)
+        let bytes = WireFixture.preface().encoded() + Verdict.refuse(code: .sessionFull, reason: "eight is enough").encoded()
+        let outputs = link.receive(bytes, at: .zero)
+        #expect(outputs.events == [.closed(code: .sessionFull, reason: "eight is enough", byPeer: true)])
+        // Its own verdict went out before it read the refusal.
+        #expect(outputs.sentBytes == [0])
+    }
+
+    @Test func truncatedHandshakeThenEnd() {
+        var link = Self.listener()
+        _ = link.start(at: .zero)
+        // Message 1 is 32 bytes; 10 arrive, then the link ends.
+        let outputs = link.receive(WireFixture.preface().encoded() + [0, 0, 32] + [UInt8](repeating: 9, count: 10), at: .zero)
+        #expect(outputs.events == [])
+        #expect(link.bufferedByteCount == 12)
+        #expect(link.receiveEnd(at: .seconds(1)).closure?.code == .handshakeFailed)
+    }
+
+    @Test func handshakeMessageTooShortForNoise() throws {
+        var link = Self.listener()
+        _ = link.start(at: .zero)
+        let outputs = link.receive(WireFixture.preface().encoded() + [0, 0, 3, 1, 2, 3], at: .zero)
+        let closure = try #require(outputs.closure)
+        #expect(closure.code == .handshakeFailed)
+        #expect(closure.reason.contains("handshake message 1"))
+        // Before the handshake completes nothing more is sent: only the verdict.
+        #expect(outputs.sentBytes == [0])
+    }
+
+    @Test func garbageHandshakeMessageToTheDialer() throws {
+        var link = LinkStateMachine(
+            role: .dialer, identity: .generate(), preface: WireFixture.preface(), hello: WireFixture.hello("Ana"))
+        _ = link.start(at: .zero)
+        var generator = WireSeededGenerator(seed: 7)
+        let garbage = (0..<96).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        let outputs = link.receive(WireFixture.preface().encoded() + [0, 0, 96] + garbage, at: .zero)
+        #expect(outputs.closure?.code == .handshakeFailed)
+    }
+
+    /// An endless handshake message: held back only up to its 65535 bytes, however much arrives.
+    @Test func bufferingIsBounded() {
+        var link = Self.listener()
+        _ = link.start(at: .zero)
+        _ = link.receive(WireFixture.preface().encoded() + [0, 0xFF, 0xFF], at: .zero)
+        let piece = [UInt8](repeating: 0x42, count: 60000)
+        #expect(link.receive(piece, at: .zero) == [])
+        #expect(link.bufferedByteCount == 60002)
+        // The rest of the message and a megabyte more in one piece: the message is read (and
+        // fails as Noise), the rest is never held.
+        let outputs = link.receive([UInt8](repeating: 0x42, count: 1 << 20), at: .zero)
+        #expect(outputs.closure?.code == .handshakeFailed)
+        #expect(link.bufferedByteCount == 0)
+    }
+
+    @Test func bufferingIsBoundedInTheVerdict() {
+        var link = Self.listener()
+        _ = link.start(at: .zero)
+        let outputs = link.receive(WireFixture.preface().encoded() + [4, 0xFF, 0xFF] + [UInt8](repeating: 0x41, count: 100_000), at: .zero)
+        #expect(outputs.closure?.code == .encryptionMismatch)
+        #expect(outputs.closure?.reason.utf8.count == 65535)
+        #expect(link.bufferedByteCount == 0)
+    }
+
+    static func establishedPair(_ encryption: EncryptionPreference) -> LinkPair {
+        var pair = LinkPair(dialer: WireFixture.preface(encryption), listener: WireFixture.preface(encryption))
+        pair.connect()
+        #expect(pair.listener.state == .established)
+        return pair
+    }
+
+    @Test(arguments: [EncryptionPreference.none, .required])
+    func oversizedRecordLength(_ encryption: EncryptionPreference) throws {
+        var pair = Self.establishedPair(encryption)
+        let limit = WireFormat.maxRecordLength(encrypted: encryption == .required)
+        let length = UInt16(limit + 1)
+        let outputs = pair.listener.receive([UInt8(length >> 8), UInt8(length & 0xFF)], at: .zero)
+        let closure = try #require(outputs.closure)
+        #expect(closure.code == .protocolError)
+        #expect(closure.reason == "a record of \(limit + 1) bytes is over the limit of \(limit)")
+        // A GO_AWAY goes to the peer first.
+        pair.absorbListener(outputs)
+        pair.pump()
+        #expect(pair.dialerEvents.last == .closed(code: .protocolError, reason: closure.reason, byPeer: true))
+    }
+
+    @Test func unknownFrameType() throws {
+        var pair = Self.establishedPair(.none)
+        let outputs = pair.listener.receive(WireFixture.record(WireFixture.rawFrame(type: 9)), at: .zero)
+        #expect(outputs.events == [.closed(code: .protocolError, reason: "frame type 0x9 is unknown", byPeer: false)])
+        var decoder = FrameDecoder()
+        #expect(decoder.decode(outputs.sentBytes) == [.success(.goAway(code: .protocolError, reason: "frame type 0x9 is unknown"))])
+    }
+
+    @Test func frameLengthDisagreeingWithTheRecord() throws {
+        var pair = Self.establishedPair(.none)
+        let outputs = pair.listener.receive(WireFixture.record(WireFixture.rawFrame(type: 6, length: 10, payload: [1])), at: .zero)
+        #expect(outputs.closure?.code == .protocolError)
+    }
+
+    @Test func forgedRecordOnAnEncryptedLink() throws {
+        var pair = Self.establishedPair(.required)
+        // A well-formed frame in clear is not a sealed record.
+        let outputs = pair.listener.receive(WireFixture.record(try Frame.datagram([UInt8](repeating: 1, count: 20)).encoded()), at: .zero)
+        let closure = try #require(outputs.closure)
+        #expect(closure.code == .protocolError)
+        #expect(closure.reason.contains("decrypt"))
+    }
+
+    @Test func peerThatNeverFinishesTheHandshake() {
+        // A dialer that sends its preface and verdict, then never message 1.
+        var listener = Self.listener()
+        _ = listener.start(at: .zero)
+        _ = listener.receive(WireFixture.preface().encoded() + [0], at: .zero)
+        #expect(listener.tick(at: .seconds(9)) == [])
+        #expect(listener.tick(at: .seconds(10)).closure?.code == .handshakeFailed)
+    }
+
+    @Test func bytesAfterGoAwayAreIgnored() throws {
+        var pair = Self.establishedPair(.none)
+        let goAway = try FrameDecoder.record(.goAway(code: .normal, reason: "bye"))
+        let more = try FrameDecoder.record(.datagram([1]))
+        let outputs = pair.listener.receive(goAway + more, at: .zero)
+        #expect(outputs == [.closed(code: .normal, reason: "bye", byPeer: true)])
+    }
+}
