@@ -3,11 +3,14 @@ public enum Endpoint: Hashable, Sendable, CustomStringConvertible {
     /// A TCP endpoint. `host` is a numeric IPv4 or IPv6 address; an IPv6 link-local address
     /// carries its zone (`fe80::1%eth0`).
     case tcp(host: String, port: UInt16)
+    /// A listener of the in-memory transport, by name (deterministic tests only).
+    case memory(name: String)
 
     /// The transport's name as tools print it (`tcp`, later `rfcomm`, `l2cap`).
     public var transport: String {
         switch self {
         case .tcp: return "tcp"
+        case .memory: return "memory"
         }
     }
 
@@ -15,6 +18,8 @@ public enum Endpoint: Hashable, Sendable, CustomStringConvertible {
         switch self {
         case .tcp(let host, let port):
             return host.contains(":") ? "tcp://[\(host)]:\(port)" : "tcp://\(host):\(port)"
+        case .memory(let name):
+            return "memory://\(name)"
         }
     }
 }

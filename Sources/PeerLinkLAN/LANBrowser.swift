@@ -119,6 +119,8 @@ public final class LANBrowser: Sendable {
                 switch endpoint {
                 case .tcp(let host, let port):
                     group.addTask { await TCPProbe.isReachable(host: host, port: port, timeout: timeout) }
+                case .memory:
+                    break
                 }
             }
             for await reachable in group where reachable {

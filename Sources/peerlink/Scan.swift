@@ -42,8 +42,9 @@ struct Scan: AsyncParsableCommand {
     struct PeerJSON: Encodable {
         struct EndpointJSON: Encodable {
             var transport: String
-            var host: String
-            var port: UInt16
+            var host: String?
+            var port: UInt16?
+            var name: String?
         }
         var name: String
         var id: String
@@ -56,6 +57,7 @@ struct Scan: AsyncParsableCommand {
             endpoints = peer.endpoints.map { endpoint in
                 switch endpoint {
                 case .tcp(let host, let port): return EndpointJSON(transport: "tcp", host: host, port: port)
+                case .memory(let name): return EndpointJSON(transport: "memory", name: name)
                 }
             }
             info = peer.info.entries
