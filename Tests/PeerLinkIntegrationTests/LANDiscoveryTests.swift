@@ -1,0 +1,294 @@
+import Foundation
+import PeerLink
+import Testing
+
+@Suite(
+    "LAN discovery through the real avahi-daemon",
+    .enabled(if: TestHost.avahiTestsEnabled, "avahi-daemon is not running (Hardware/test.sh starts one restricted to lo)"))
+struct LANDiscoveryTests {
+    @Test("advertise in one process, scan from another", .timeLimit(.minutes(1)))
+    func advertiseThenScan() async throws {
+        try await withSharedAvahi {
+            let service = TestHost.uniqueServiceType()
+            let advertiser = try ChildProcess.peerlink(["advertise", "--name", "Alice", "--service", service, "--info", "color=blue"])
+            try await advertiser.waitForLine(containing: "Published as \"Alice\"")
+            let id = try await advertiser.advertisedID()
+            let peers = try await scanPeers(service: service)
+            #expect(peers.count == 1)
+            let alice = try #require(peers.first)
+            #expect(alice.name == "Alice")
+            #expect(alice.id == id)
+            #expect(alice.info == ["color": "blue"])
+            let endpoint = try #require(alice.endpoints.first)
+            #expect(endpoint.transport == "tcp")
+            #expect(["127.0.0.1", "::1"].contains(endpoint.host), "a peer on this host is reached over loopback, got \(endpoint.host)")
+            advertiser.signal(SIGINT)
+            #expect(try await advertiser.waitForExit() == 0)
+        }
+    }
+
+    @Test("two peers with the same name: Avahi renames the second instance, both are found as Alice", .timeLimit(.minutes(1)))
+    func sameDisplayName() async throws {
+        try await withSharedAvahi {
+            let service = TestHost.uniqueServiceType()
+            let first = try ChildProcess.peerlink(["advertise", "--name", "Alice", "--service", service])
+            try await first.waitForLine(containing: "Published as \"Alice\"")
+            let second = try ChildProcess.peerlink(["advertise", "--name", "Alice", "--service", service])
+            let taken = try await second.waitForLine(containing: "is taken")
+            #expect(taken.contains("\"Alice\"") && taken.contains("\"Alice #2\""), "the message names the old and the new instance name: \(taken)")
+            try await second.waitForLine(containing: "Published as \"Alice #2\"")
+
+            let peers = try await scanUntil(service: service) { $0.count >= 2 }
+            #expect(peers.count == 2)
+            #expect(peers.map(\.name) == ["Alice", "Alice"], "the display name stays Alice; only the DNS-SD instance name changes")
+            #expect(Set(peers.map(\.id)).count == 2, "two identities: \(peers.map(\.id))")
+
+            // What the network carries: two instances, the second renamed, both with plname=Alice.
+            let browsed = try await AvahiBrowse.services(service)
+            #expect(Set(browsed.map(\.name)) == ["Alice", "Alice #2"])
+            #expect(browsed.allSatisfy { $0.txtDictionary["plname"] == "Alice" }, "\(browsed)")
+
+            first.signal(SIGINT)
+            second.signal(SIGINT)
+            #expect(try await first.waitForExit() == 0)
+            #expect(try await second.waitForExit() == 0)
+        }
+    }
+
+    @Test("SIGINT and SIGTERM withdraw the advertisement and exit 0", .timeLimit(.minutes(1)), arguments: [SIGINT, SIGTERM])
+    func withdrawOnSignal(signal: Int32) async throws {
+        try await withSharedAvahi {
+            let service = TestHost.uniqueServiceType("w")
+            let name = "Withdraw\(signal)"
+            let advertiser = try ChildProcess.peerlink(["advertise", "--name", name, "--service", service])
+            try await advertiser.waitForLine(containing: "Published as")
+            #expect(try await AvahiBrowse.services(service).map(\.name) == [name])
+
+            advertiser.signal(signal)
+            #expect(try await advertiser.waitForExit(timeout: .seconds(10)) == 0)
+            #expect(advertiser.stdout.contains("Withdrawn"), "stdout:\n\(advertiser.stdout)")
+
+            // Gone from the daemon: avahi-browse no longer lists it (the goodbye may take a moment).
+            let deadline = ContinuousClock.now + .seconds(8)
+            var browsed = try await AvahiBrowse.services(service)
+            while !browsed.isEmpty && ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(250))
+                browsed = try await AvahiBrowse.services(service)
+            }
+            #expect(browsed.isEmpty, "still published after exit: \(browsed)")
+            #expect(try await scanPeers(service: service, timeout: 2).isEmpty)
+        }
+    }
+
+    @Test("kill -9 of an advertiser: a watching scan reports it lost within 10 s", .timeLimit(.minutes(1)))
+    func killedAdvertiserIsLost() async throws {
+        try await withSharedAvahi {
+            let service = TestHost.uniqueServiceType("k")
+            let advertiser = try ChildProcess.peerlink(["advertise", "--name", "Doomed", "--service", service])
+            try await advertiser.waitForLine(containing: "Published as")
+            let id = try await advertiser.advertisedID()
+            let watch = try ChildProcess.peerlink(["scan", "--lan", "--service", service, "--watch", "--json", "--timeout", "20"])
+            try await watch.waitForLine(timeout: .seconds(10)) { WatchLine.parse($0).map { $0.event == "found" && $0.peerID == id } ?? false }
+
+            let killed = ContinuousClock.now
+            advertiser.signal(SIGKILL)
+            let lost = try await watch.waitForTimedLine(timeout: .seconds(15)) {
+                WatchLine.parse($0).map { $0.event == "lost" && $0.peerID == id } ?? false
+            }
+            let delay = killed.duration(to: lost.time)
+            #expect(delay <= .seconds(10), "lost after \(delay)")
+            #expect(lost.text.contains("\"event\":\"lost\""))
+            watch.terminate()
+        }
+    }
+
+    @Test("LANBrowser with LivenessPolicy(timeout: 3 s) reports a killed advertiser lost within 3 s", .timeLimit(.minutes(1)))
+    func inProcessBrowserKilledAdvertiser() async throws {
+        try await withSharedAvahi {
+            let service = TestHost.uniqueServiceType("b")
+            let advertiser = try ChildProcess.peerlink(["advertise", "--name", "Short", "--service", service])
+            try await advertiser.waitForLine(containing: "Published as")
+            let id = try await advertiser.advertisedID()
+
+            let recorder = try EventRecorder(LANBrowser(serviceType: ServiceType(service), liveness: LivenessPolicy(timeout: .seconds(3))))
+            defer { recorder.stop() }
+            try await recorder.waitFor(timeout: .seconds(10)) { if case .found(let peer) = $0 { peer.id.fingerprint.value == id } else { false } }
+
+            let killed = ContinuousClock.now
+            advertiser.signal(SIGKILL)
+            let lost = try await recorder.waitFor(timeout: .seconds(10)) { if case .lost(let peer) = $0 { peer.fingerprint.value == id } else { false } }
+            let delay = killed.duration(to: lost.time)
+            #expect(delay <= .seconds(3), "lost after \(delay)")
+        }
+    }
+
+    @Test(
+        "LANBrowser with LivenessPolicy(timeout: 3 s) reports a peer whose record lingers but whose port is dead lost within 3 s",
+        .timeLimit(.minutes(1)))
+    func inProcessBrowserStaleRecord() async throws {
+        let publish = try #require(TestHost.which("avahi-publish"), "avahi-publish is not installed (apt-get install avahi-utils)")
+        try await withSharedAvahi {
+            // The record stays published (avahi-publish keeps running): only the liveness probes
+            // can tell that nobody answers on the port any more.
+            let service = TestHost.uniqueServiceType("s")
+            let id = TestHost.randomFingerprint()
+            let listener = try TCPListener()
+            let publisher = try ChildProcess(publish, ["-s", "Stale", "_\(service)._tcp", String(listener.port), "plv=1", "plid=\(id)", "plname=Stale"])
+            defer { publisher.terminate() }
+            try await publisher.waitForStderrLine(containing: "Established", timeout: .seconds(10))
+
+            let recorder = try EventRecorder(LANBrowser(serviceType: ServiceType(service), liveness: LivenessPolicy(timeout: .seconds(3))))
+            defer { recorder.stop() }
+            try await recorder.waitFor(timeout: .seconds(10)) { if case .found(let peer) = $0 { peer.id.fingerprint.value == id } else { false } }
+
+            let closed = ContinuousClock.now
+            listener.close()
+            let lost = try await recorder.waitFor(timeout: .seconds(10)) { if case .lost(let peer) = $0 { peer.fingerprint.value == id } else { false } }
+            let delay = closed.duration(to: lost.time)
+            #expect(delay <= .seconds(3), "lost after \(delay)")
+            #expect(try await AvahiBrowse.services(service).map(\.name) == ["Stale"], "the record was still published: the probes found it dead")
+        }
+    }
+}
+
+/// Collects a browser's events with the time each arrived, for tests to wait on.
+final class EventRecorder: @unchecked Sendable {
+    struct Recorded: Sendable {
+        var event: DiscoveryEvent
+        var time: ContinuousClock.Instant
+    }
+
+    private let lock = NSLock()
+    private var recorded: [Recorded] = []
+    private var consumer: Task<Void, Never>?
+
+    init(_ browser: LANBrowser) throws {
+        let events = try browser.events()
+        consumer = Task { [weak self] in
+            for await event in events {
+                guard let self else { return }
+                let now = ContinuousClock.now
+                self.lock.withLock { self.recorded.append(Recorded(event: event, time: now)) }
+            }
+        }
+    }
+
+    var events: [Recorded] { lock.withLock { recorded } }
+
+    /// Waits (bounded) for an event satisfying `match`.
+    @discardableResult
+    func waitFor(timeout: Duration, _ match: (DiscoveryEvent) -> Bool) async throws -> Recorded {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if let hit = events.first(where: { match($0.event) }) { return hit }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        throw HarnessError("no matching browser event within \(timeout); events: \(events.map(\.event))")
+    }
+
+    /// Stops browsing (cancelling the consumer ends the stream, which stops the Avahi browser).
+    func stop() {
+        consumer?.cancel()
+    }
+
+    deinit { consumer?.cancel() }
+}
+
+@Suite(
+    "without avahi-daemon: exit 69 and a message that says so",
+    .enabled(if: TestHost.which("dbus-daemon") != nil || TestHost.daemonsRequired, "dbus-daemon is not installed (needed for a private bus without avahi)"))
+struct MissingDaemonTests {
+    @Test("scan and advertise on a D-Bus without avahi: exit 69, 'avahi-daemon is not running'", .timeLimit(.minutes(1)))
+    func busWithoutAvahi() async throws {
+        let bus = try await PrivateBus()
+        let environment = ["DBUS_SYSTEM_BUS_ADDRESS": bus.address]
+        let scan = try await runPeerlink(["scan", "--lan", "--service", TestHost.uniqueServiceType(), "--timeout", "1"], environment: environment)
+        #expect(scan.status == 69, "scan: stderr:\n\(scan.stderr)")
+        #expect(scan.stderr.contains("avahi-daemon is not running"), "scan: stderr:\n\(scan.stderr)")
+
+        let advertise = try await runPeerlink(["advertise", "--name", "Nobody", "--service", TestHost.uniqueServiceType()], environment: environment, timeout: .seconds(15))
+        #expect(advertise.status == 69, "advertise: stderr:\n\(advertise.stderr)")
+        #expect(advertise.stderr.contains("avahi-daemon is not running"), "advertise: stderr:\n\(advertise.stderr)")
+    }
+
+    @Test("radios without avahi: exit 0, avahi reported not running with the reason", .timeLimit(.minutes(1)))
+    func radiosWithoutAvahi() async throws {
+        let bus = try await PrivateBus()
+        let radios = try await runPeerlink(["radios", "--json"], environment: ["DBUS_SYSTEM_BUS_ADDRESS": bus.address])
+        #expect(radios.status == 0, "stderr:\n\(radios.stderr)")
+        let object = try #require(try? JSONSerialization.jsonObject(with: Data(radios.stdout.utf8)) as? [String: Any], "not JSON:\n\(radios.stdout)")
+        let avahi = try #require(object["avahi"] as? [String: Any])
+        #expect(avahi["running"] as? Bool == false)
+        #expect((avahi["problem"] as? String)?.contains("avahi-daemon is not running") == true, "\(avahi)")
+    }
+
+    @Test("no system D-Bus at all: exit 69 and a message naming avahi-daemon and the bus", .timeLimit(.minutes(1)))
+    func noBusAtAll() async throws {
+        let environment = ["DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/nonexistent"]
+        let scan = try await runPeerlink(["scan", "--lan", "--service", TestHost.uniqueServiceType(), "--timeout", "1"], environment: environment)
+        #expect(scan.status == 69, "scan: stderr:\n\(scan.stderr)")
+        #expect(scan.stderr.contains("avahi-daemon"), "scan: stderr:\n\(scan.stderr)")
+        #expect(scan.stderr.localizedCaseInsensitiveContains("D-Bus"), "the message should say the system D-Bus is unreachable: \(scan.stderr)")
+
+        let advertise = try await runPeerlink(["advertise", "--name", "Nobody", "--service", TestHost.uniqueServiceType()], environment: environment, timeout: .seconds(15))
+        #expect(advertise.status == 69, "advertise: stderr:\n\(advertise.stderr)")
+        #expect(advertise.stderr.contains("avahi-daemon"), "advertise: stderr:\n\(advertise.stderr)")
+        #expect(advertise.stderr.localizedCaseInsensitiveContains("D-Bus"), "the message should say the system D-Bus is unreachable: \(advertise.stderr)")
+    }
+}
+
+@Suite(
+    "avahi-daemon restarts under a running peer",
+    .serialized,
+    .enabled(
+        if: TestHost.daemonsScript != nil || TestHost.daemonsRequired,
+        "PEERLINK_DAEMONS_SCRIPT is not set: only Hardware/test.sh (or CI) may restart the avahi-daemon it started"),
+    .enabled(if: TestHost.avahiTestsEnabled, "avahi-daemon is not running (Hardware/test.sh starts one restricted to lo)"))
+struct DaemonRestartTests {
+    @Test("the advertiser says avahi went away, publishes again, and is found", .timeLimit(.minutes(2)))
+    func advertiserRepublishes() async throws {
+        try await AvahiDaemonGate.shared.exclusive {
+            defer { DaemonsScript.ensureAvahiRunning() }
+            let service = TestHost.uniqueServiceType("r")
+            let advertiser = try ChildProcess.peerlink(["advertise", "--name", "Phoenix", "--service", service])
+            try await advertiser.waitForLine(containing: "Published as \"Phoenix\"")
+            let id = try await advertiser.advertisedID()
+            let before = advertiser.stdoutLines.count
+
+            try await DaemonsScript.run("restart-avahi")
+
+            try await advertiser.waitForLine(containing: "avahi-daemon went away", after: before, timeout: .seconds(10))
+            try await advertiser.waitForLine(containing: "Published as \"Phoenix\"", after: before, timeout: .seconds(15))
+            let peers = try await scanUntil(service: service, within: .seconds(15)) { $0.contains { $0.id == id } }
+            #expect(peers.map(\.id) == [id])
+            #expect(!advertiser.stderr.contains("failed"), "stderr:\n\(advertiser.stderr)")
+            advertiser.signal(SIGINT)
+            #expect(try await advertiser.waitForExit() == 0)
+        }
+    }
+
+    @Test("a scan running across the restart still finds a peer published after it", .timeLimit(.minutes(2)))
+    func watchingScanSurvives() async throws {
+        try await AvahiDaemonGate.shared.exclusive {
+            defer { DaemonsScript.ensureAvahiRunning() }
+            let service = TestHost.uniqueServiceType("r")
+            let watch = try ChildProcess.peerlink(["scan", "--lan", "--service", service, "--watch", "--json", "--timeout", "40"])
+            let early = try ChildProcess.peerlink(["advertise", "--name", "Early", "--service", service])
+            let earlyID = try await early.advertisedID()
+            try await watch.waitForLine(timeout: .seconds(10)) { WatchLine.parse($0).map { $0.event == "found" && $0.peerID == earlyID } ?? false }
+
+            try await DaemonsScript.run("restart-avahi")
+
+            let late = try ChildProcess.peerlink(["advertise", "--name", "Late", "--service", service])
+            try await late.waitForLine(containing: "Published as \"Late\"", timeout: .seconds(15))
+            let lateID = try await late.advertisedID()
+            try await watch.waitForLine(timeout: .seconds(15)) { WatchLine.parse($0).map { $0.event == "found" && $0.peerID == lateID } ?? false }
+            #expect(!watch.stderr.contains("failed"), "stderr:\n\(watch.stderr)")
+            watch.terminate()
+            early.signal(SIGINT)
+            late.signal(SIGINT)
+            _ = try await early.waitForExit()
+            _ = try await late.waitForExit()
+        }
+    }
+}
