@@ -10,6 +10,7 @@ let package = Package(
     products: [
         .library(name: "PeerLink", targets: ["PeerLink"]),
         .library(name: "PeerLinkCore", targets: ["PeerLinkCore"]),
+        .library(name: "PeerLinkTestSupport", targets: ["PeerLinkTestSupport"]),
         .executable(name: "peerlink", targets: ["peerlink"]),
     ],
     dependencies: [
@@ -60,10 +61,22 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // Links running: the link state machine driven over a LinkChannel. No sockets, no C.
+        .target(
+            name: "PeerLinkSession",
+            dependencies: ["PeerLinkCore", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strict
+        ),
+        // For tests of code built on PeerLink: in-memory transport, manual clock.
+        .target(
+            name: "PeerLinkTestSupport",
+            dependencies: ["PeerLinkCore"],
+            swiftSettings: strict
+        ),
         // The public façade.
         .target(
             name: "PeerLink",
-            dependencies: ["PeerLinkCore", "PeerLinkPosix", "PeerLinkLAN", "PeerLinkBluetooth"],
+            dependencies: ["PeerLinkCore", "PeerLinkPosix", "PeerLinkLAN", "PeerLinkBluetooth", "PeerLinkSession"],
             swiftSettings: strict
         ),
         .executableTarget(
@@ -89,6 +102,14 @@ let package = Package(
             name: "PeerLinkCoreTests",
             dependencies: ["PeerLinkCore"],
             exclude: ["Vectors"],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "PeerLinkSessionTests",
+            dependencies: [
+                "PeerLinkSession", "PeerLinkTestSupport", "PeerLinkPosix",
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strict
         ),
         .testTarget(

@@ -4,3 +4,4 @@
 @_exported import PeerLinkCore
 @_exported import PeerLinkLAN
 @_exported import PeerLinkPosix
+@_exported import PeerLinkSession

@@ -125,6 +125,42 @@ enum Sys {
         try retrying("read") { Glibc.read(fd, buffer.baseAddress, buffer.count) }
     }
 
+    /// Sends on a connected socket without blocking, with `MSG_NOSIGNAL`: a peer that is gone
+    /// is `EPIPE`, never a `SIGPIPE` that kills the process. Returns how many bytes the kernel
+    /// took, or nil when its buffer is full (would block).
+    static func send(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(SystemError) -> Int? {
+        try wouldBlockAsNil { () throws(SystemError) -> Int in
+            try retrying("send") { Glibc.send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)) }
+        }
+    }
+
+    /// Receives from a connected socket without blocking: the byte count (0 at the end of the
+    /// stream), or nil when nothing is there yet (would block).
+    static func receive(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) throws(SystemError) -> Int? {
+        try wouldBlockAsNil { () throws(SystemError) -> Int in
+            try retrying("recv") { Glibc.recv(fd, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT)) }
+        }
+    }
+
+    /// `EAGAIN` / `EWOULDBLOCK` as nil; every other failure is thrown.
+    @inline(__always)
+    static func wouldBlockAsNil<T>(_ body: () throws(SystemError) -> T) throws(SystemError) -> T? {
+        do throws(SystemError) {
+            return try body()
+        } catch where error.errno == EAGAIN || error.errno == EWOULDBLOCK {
+            return nil
+        }
+    }
+
+    /// Turns Nagle's algorithm off, so small records (pings, acks) leave at once.
+    static func setNoDelay(_ fd: Int32) throws(SystemError) {
+        try setOption(fd, Int32(IPPROTO_TCP), TCP_NODELAY, 1)
+    }
+
+    static func getpeername(_ fd: Int32, _ address: UnsafeMutablePointer<sockaddr>, _ length: UnsafeMutablePointer<socklen_t>) throws(SystemError) {
+        _ = try retrying("getpeername") { Glibc.getpeername(fd, address, length) }
+    }
+
     static func fsync(_ fd: Int32) throws(SystemError) {
         _ = try retrying("fsync") { Glibc.fsync(fd) }
     }

@@ -2,29 +2,43 @@
 import Glibc
 #endif
 import Foundation
+import Synchronization
 
-/// A listening TCP socket on all interfaces (IPv6 dual-stack when the kernel has IPv6, else IPv4).
+/// A listening TCP socket: on all interfaces (IPv6 dual-stack when the kernel has IPv6, else
+/// IPv4), or on one numeric address.
 public final class TCPListener: Sendable {
     public let port: UInt16
+    /// The address listened on: `::` or `0.0.0.0` for all interfaces, else the one given.
+    public let host: String
     private let descriptor: Descriptor
-    private var fd: Int32 { descriptor.fd }
 
-    /// Listens on `port` (0: a port the kernel picks).
-    public init(port: UInt16 = 0) throws(SystemError) {
+    /// Listens on `port` (0: a port the kernel picks), on `host` (a numeric address such as
+    /// `127.0.0.1` or `::1`; nil: all interfaces).
+    public init(host: String? = nil, port: UInt16 = 0) throws(SystemError) {
         var socket: Int32
         var address: IPSocketAddress
-        do {
-            socket = try Sys.socket(AF_INET6, Int32(SOCK_STREAM.rawValue), 0)
-            try? Sys.setOption(socket, Int32(IPPROTO_IPV6), IPV6_V6ONLY, 0)
-            address = IPSocketAddress(host: "::", port: port)!
-        } catch {
-            socket = try Sys.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            address = IPSocketAddress(host: "0.0.0.0", port: port)!
+        if let host {
+            guard let parsed = IPSocketAddress(host: host, port: port) else {
+                throw SystemError("inet_pton", errno: EINVAL)
+            }
+            address = parsed
+            socket = try Sys.socket(address.family == .ipv4 ? AF_INET : AF_INET6, Int32(SOCK_STREAM.rawValue), 0)
+        } else {
+            do {
+                socket = try Sys.socket(AF_INET6, Int32(SOCK_STREAM.rawValue), 0)
+                try? Sys.setOption(socket, Int32(IPPROTO_IPV6), IPV6_V6ONLY, 0)
+                address = IPSocketAddress(host: "::", port: port)!
+            } catch {
+                socket = try Sys.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+                address = IPSocketAddress(host: "0.0.0.0", port: port)!
+            }
         }
         do {
             try Sys.setOption(socket, SOL_SOCKET, SO_REUSEADDR, 1)
             try address.withSockAddr { pointer, length throws(SystemError) in try Sys.bind(socket, pointer, length) }
             try Sys.listen(socket, 64)
+            // Non-blocking, so a waiting accept can notice cancellation and close.
+            try Sys.setNonBlocking(socket, true)
             var storage = sockaddr_storage()
             var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
             try withUnsafeMutablePointer(to: &storage) { pointer throws(SystemError) in
@@ -39,60 +53,155 @@ public final class TCPListener: Sendable {
             Sys.close(socket)
             throw error
         }
+        self.host = address.host
         self.descriptor = Descriptor(socket)
     }
 
-    /// Waits for the next connection. Throws once the listener is closed.
+    /// Waits for the next connection. Throws once the listener is closed, and
+    /// `CancellationError` when the task is cancelled (noticed within 100 ms).
     public func accept() async throws -> TCPConnection {
-        let fd = self.fd
-        let accepted = try await runBlocking("peerlink-accept") { () throws -> Int32 in
-            try Sys.accept(fd)
-        }
-        if isClosed {
-            Sys.close(accepted)
-            throw SystemError("accept", errno: EBADF)
+        let descriptor = self.descriptor
+        let accepted = try await runBlockingCancellable("peerlink-accept") { flag throws -> Int32 in
+            while true {
+                let accepted = try descriptor.withFD("accept") { fd throws(SystemError) -> Int32? in
+                    do throws(SystemError) {
+                        if let accepted = try Sys.wouldBlockAsNil({ () throws(SystemError) in try Sys.accept(fd) }) {
+                            return accepted
+                        }
+                    } catch where error.errno == ECONNABORTED || error.errno == EPROTO {
+                        // A client that gave up before it was accepted: wait for the next one.
+                        return nil
+                    }
+                    _ = try Sys.poll(fd, events: Int16(POLLIN), timeoutMilliseconds: pollSlice)
+                    return nil
+                }
+                if let accepted { return accepted }
+                try flag.check()
+            }
         }
         return TCPConnection(fd: accepted)
     }
-
-    private var isClosed: Bool { descriptor.isClosed }
 
     /// Stops listening; a pending ``accept()`` throws.
     public func close() { descriptor.close() }
 }
 
-/// A connected TCP socket.
+/// How long a blocking call waits before it looks for cancellation again, in milliseconds.
+let pollSlice: Int32 = 100
+
+/// A connected TCP socket (`TCP_NODELAY` on).
+///
+/// ``read(maxCount:)`` and ``write(_:)`` block on a thread of their own, never on a thread of
+/// Swift concurrency's pool. At most one read and one write at a time.
 public final class TCPConnection: Sendable {
     private let descriptor: Descriptor
-    var fd: Int32 { descriptor.fd }
 
     init(fd: Int32) {
         self.descriptor = Descriptor(fd)
+        try? Sys.setNoDelay(fd)
     }
 
     /// The remote address.
-    public var remote: IPSocketAddress? {
+    public var remote: IPSocketAddress? { address(of: "getpeername") }
+
+    /// The local address.
+    public var local: IPSocketAddress? { address(of: "getsockname") }
+
+    private func address(of call: String) -> IPSocketAddress? {
         var storage = sockaddr_storage()
         var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
-        let ok = withUnsafeMutablePointer(to: &storage) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getpeername(fd, $0, &length) == 0 }
-        }
+        let ok = (try? descriptor.withFD(call) { fd throws(SystemError) in
+            try withUnsafeMutablePointer(to: &storage) { pointer throws(SystemError) in
+                try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { address throws(SystemError) in
+                    if call == "getpeername" {
+                        try Sys.getpeername(fd, address, &length)
+                    } else {
+                        try Sys.getsockname(fd, address, &length)
+                    }
+                }
+            }
+        }) != nil
         guard ok else { return nil }
         return withUnsafePointer(to: &storage) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { IPSocketAddress($0) } }
     }
 
+    /// Whether ``close()`` was called.
+    public var isClosed: Bool { descriptor.isClosed }
+
     /// Shuts the connection down both ways and closes it; a blocked read or write returns.
     public func close() { descriptor.close() }
 
+    /// The next bytes that arrived, at most `maxCount`; an empty array at the end of the stream.
+    ///
+    /// - Throws: a ``SystemError`` when the connection failed (`ECONNRESET`, …) or was closed
+    ///   on this side (`EBADF`, also for a read that was waiting), `CancellationError` when the
+    ///   task is cancelled.
+    public func read(maxCount: Int = 65536) async throws -> [UInt8] {
+        let descriptor = self.descriptor
+        let count = max(1, maxCount)
+        return try await runBlockingCancellable("peerlink-read") { flag throws -> [UInt8] in
+            var bytes = [UInt8](repeating: 0, count: count)
+            while true {
+                let received = try bytes.withUnsafeMutableBytes { buffer throws(SystemError) -> Int? in
+                    try descriptor.withFD("recv") { fd throws(SystemError) -> Int? in
+                        if let received = try Sys.receive(fd, buffer) { return received }
+                        _ = try Sys.poll(fd, events: Int16(POLLIN), timeoutMilliseconds: pollSlice)
+                        return nil
+                    }
+                }
+                if let received {
+                    // A shutdown by close() on this side reads as the end of the stream.
+                    if received == 0, descriptor.isClosed { throw SystemError("recv", errno: EBADF) }
+                    // A short read is copied, so the caller does not hold on to the whole buffer.
+                    return received == count ? bytes : Array(bytes[..<received])
+                }
+                try flag.check()
+            }
+        }
+    }
+
+    /// Writes all of `bytes`; returns once the kernel took the last of them.
+    ///
+    /// - Throws: a ``SystemError`` when the peer is gone (`EPIPE`, `ECONNRESET`; never a
+    ///   `SIGPIPE`) or the connection was closed on this side, `CancellationError` when the
+    ///   task is cancelled: then part of `bytes` may have been sent, so close the connection.
+    public func write(_ bytes: [UInt8]) async throws {
+        guard !bytes.isEmpty else { return }
+        let descriptor = self.descriptor
+        try await runBlockingCancellable("peerlink-write") { flag throws in
+            var offset = 0
+            while offset < bytes.count {
+                let sent = try bytes.withUnsafeBytes { all throws(SystemError) -> Int? in
+                    let buffer = UnsafeRawBufferPointer(rebasing: all[offset...])
+                    return try descriptor.withFD("send") { fd throws(SystemError) -> Int? in
+                        if let sent = try Sys.send(fd, buffer) { return sent }
+                        _ = try Sys.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: pollSlice)
+                        return nil
+                    }
+                }
+                if let sent {
+                    offset += sent
+                } else {
+                    try flag.check()
+                }
+            }
+        }
+    }
+
     /// Connects to `address`, giving up after `timeout`.
+    ///
+    /// - Throws: a ``SystemError`` (`ETIMEDOUT` after `timeout`), `CancellationError` when the
+    ///   task is cancelled.
     public static func connect(to address: IPSocketAddress, timeout: Duration) async throws -> TCPConnection {
-        let fd = try await runBlocking("peerlink-connect") { () throws -> Int32 in
-            try connectBlocking(to: address, timeout: timeout)
+        let fd = try await runBlockingCancellable("peerlink-connect") { flag throws -> Int32 in
+            try connectBlocking(to: address, timeout: timeout, cancellation: flag)
         }
         return TCPConnection(fd: fd)
     }
 
-    static func connectBlocking(to address: IPSocketAddress, timeout: Duration) throws -> Int32 {
+    static func connectBlocking(
+        to address: IPSocketAddress, timeout: Duration, cancellation: CancellationFlag? = nil
+    ) throws -> Int32 {
         let fd = try Sys.socket(address.family == .ipv4 ? AF_INET : AF_INET6, Int32(SOCK_STREAM.rawValue), 0)
         do {
             try Sys.setNonBlocking(fd, true)
@@ -102,10 +211,12 @@ public final class TCPConnection: Sendable {
             if !done {
                 let deadline = ContinuousClock.now + timeout
                 while true {
+                    try cancellation?.check()
                     let remaining = ContinuousClock.now.duration(to: deadline)
                     if remaining <= .zero { throw SystemError("connect", errno: ETIMEDOUT) }
-                    let milliseconds = Int32(max(1, remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000))
-                    let events = try Sys.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: milliseconds)
+                    let milliseconds = Int32(
+                        clamping: max(1, remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000))
+                    let events = try Sys.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: min(milliseconds, pollSlice))
                     if events != 0 { break }
                 }
                 let error = try Sys.getOption(fd, SOL_SOCKET, SO_ERROR)
@@ -135,12 +246,43 @@ public enum TCPProbe {
     }
 }
 
-/// A socket descriptor closed exactly once: `close()` shuts it down first, so a thread blocked in
-/// `accept`, `read` or `write` on it returns; deinit closes it if nobody did.
+/// Set when the task waiting for a blocking call is cancelled; the call looks at it between
+/// slices of waiting.
+final class CancellationFlag: Sendable {
+    private let state = Mutex(false)
+
+    func cancel() { state.withLock { $0 = true } }
+
+    var isCancelled: Bool { state.withLock { $0 } }
+
+    func check() throws(CancellationError) {
+        if isCancelled { throw CancellationError() }
+    }
+}
+
+/// ``runBlocking(_:_:)`` for a call that waits in slices and gives up when the task is cancelled.
+func runBlockingCancellable<T: Sendable>(
+    _ name: String, _ body: @escaping @Sendable (CancellationFlag) throws -> T
+) async throws -> T {
+    let flag = CancellationFlag()
+    return try await withTaskCancellationHandler {
+        try await runBlocking(name) { try body(flag) }
+    } onCancel: {
+        flag.cancel()
+    }
+}
+
+/// A socket descriptor closed exactly once, and never while a call is using it.
+///
+/// `close()` shuts the socket down at once, so a thread waiting on it (in `poll`, `accept`,
+/// `recv` or `send`) returns; the descriptor itself is closed when the last call using it (through
+/// ``withFD(_:_:)``) is done, so its number cannot be reused by another socket while a thread
+/// still holds it. deinit closes it if nobody did.
 final class Descriptor: @unchecked Sendable {
     let fd: Int32
     private let lock = NSLock()
     private var closed = false
+    private var users = 0
 
     init(_ fd: Int32) {
         self.fd = fd
@@ -148,14 +290,34 @@ final class Descriptor: @unchecked Sendable {
 
     var isClosed: Bool { lock.withLock { closed } }
 
+    /// Runs `body` with the descriptor, which stays open until `body` returns.
+    ///
+    /// - Throws: a ``SystemError`` with `EBADF` naming `call` once ``close()`` was called.
+    func withFD<R>(_ call: String, _ body: (Int32) throws(SystemError) -> R) throws(SystemError) -> R {
+        let open = lock.withLock { () -> Bool in
+            guard !closed else { return false }
+            users += 1
+            return true
+        }
+        guard open else { throw SystemError(call, errno: EBADF) }
+        defer {
+            let last = lock.withLock { () -> Bool in
+                users -= 1
+                return closed && users == 0
+            }
+            if last { Sys.close(fd) }
+        }
+        return try body(fd)
+    }
+
     func close() {
-        let wasOpen = lock.withLock { () -> Bool in
+        let (wasOpen, unused) = lock.withLock { () -> (Bool, Bool) in
             defer { closed = true }
-            return !closed
+            return (!closed, users == 0)
         }
         guard wasOpen else { return }
         Sys.shutdown(fd, Int32(SHUT_RDWR))
-        Sys.close(fd)
+        if unused { Sys.close(fd) }
     }
 
     deinit { close() }

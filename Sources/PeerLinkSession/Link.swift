@@ -1,0 +1,677 @@
+import Logging
+import PeerLinkCore
+import Synchronization
+
+/// One link to one peer, running: drives a ``LinkStateMachine`` over a ``LinkChannel``.
+///
+/// ``run()`` does the I/O until the link is over: it writes what the state machine sends (one
+/// writer, in order, waiting for the channel), feeds it what the channel reads, and ticks it at
+/// its deadlines on the injected clock. The rest of the API can be used from any task:
+///
+/// ```swift
+/// let link = Link(channel: channel, role: .dialer, identity: me, preface: preface, hello: hello,
+///                 expectedRemote: advertised, logger: logger)
+/// try await withThrowingTaskGroup { group in
+///     group.addTask { await link.run() }
+///     let peer = try await link.established          // or the close reason
+///     try await link.send(.message(id: 1, flags: [], chunk: Array("hi".utf8)))
+///     for await event in link.events { … }           // frames, then .closed once
+///     link.close()                                    // GO_AWAY, then the channel closes
+/// }
+/// ```
+///
+/// Behaviour worth knowing:
+/// - Cancelling the task in ``run()`` closes the link: a `GO_AWAY` goes out if the writer is
+///   free, then the channel is closed without waiting for the peer.
+/// - After this side sends a `GO_AWAY` on an established link, ``run()`` keeps reading (and
+///   discarding) until the peer ends the stream or `closeTimeout` passes, so the `GO_AWAY` is
+///   not lost to a reset; the link counts as closed from the moment it was sent.
+/// - ``send(_:)`` waits for the handshake, and while more than `maxQueuedBytes` wait to be
+///   written (back-pressure).
+/// - ``events`` is a single-consumer stream, buffered without limit: consume it.
+/// - The close reason is logged once, at info level, with the link's metadata (`peer.id`,
+///   `transport`, `link.remote`, `link.role`).
+public final class Link: Sendable {
+    /// The outcome of a successful handshake.
+    public struct Established: Hashable, Sendable {
+        /// The authenticated peer (its key's fingerprint and display name).
+        public var remote: PeerID
+        public var hello: Hello
+        public var encrypted: Bool
+        public var version: UInt8
+    }
+
+    /// Why and by whom a link was closed.
+    public struct Closure: Hashable, Sendable, CustomStringConvertible {
+        public var code: GoAwayCode
+        public var reason: String
+        /// True when the peer ended it (its refusal, `GO_AWAY` or end of stream).
+        public var byPeer: Bool
+        /// The closure as the error that ``Link/established`` and ``Link/send(_:)`` throw.
+        public var error: PeerLinkError
+
+        public var description: String {
+            "closed \(byPeer ? "by the peer" : "on this side"), code \(code): \(reason)"
+        }
+    }
+
+    /// What arrives on a link: frames in order, then `.closed` exactly once, then the end.
+    public enum Event: Hashable, Sendable, CustomStringConvertible {
+        case frame(Frame)
+        case closed(code: GoAwayCode, reason: String, byPeer: Bool)
+
+        public var description: String {
+            switch self {
+            case .frame(let frame): "frame \(frame)"
+            case .closed(let code, let reason, let byPeer):
+                "closed \(byPeer ? "by the peer" : "on this side"), code \(code): \(reason)"
+            }
+        }
+    }
+
+    public let channel: any LinkChannel
+    public let role: LinkStateMachine.Role
+    /// Frames from the peer, then `.closed` once. One consumer only.
+    public let events: AsyncStream<Event>
+    /// How long ``run()`` waits for the peer to end the stream after this side sent a `GO_AWAY`.
+    public let closeTimeout: Duration
+    /// How many bytes may wait to be written before ``send(_:)`` waits.
+    public let maxQueuedBytes: Int
+
+    private let eventSink: AsyncStream<Event>.Continuation
+    private let clock: LinkClock
+    private let logger: Logger
+    private let state: Mutex<State>
+
+    /// - Parameters:
+    ///   - channel: the link's byte stream; the link owns it from now on and closes it.
+    ///   - role, identity, preface, hello, policy, expectedRemote: as for ``LinkStateMachine``.
+    ///   - clock: the time source for timeouts and keep-alive (a manual clock in tests).
+    ///   - closeTimeout: see ``closeTimeout``.
+    ///   - maxQueuedBytes: see ``maxQueuedBytes``.
+    ///   - logger: where the link logs (info and below); its metadata is kept.
+    public init(
+        channel: any LinkChannel,
+        role: LinkStateMachine.Role,
+        identity: Identity,
+        preface: LinkPreface,
+        hello: Hello,
+        policy: LinkPolicy = .default,
+        expectedRemote: Fingerprint? = nil,
+        clock: any Clock<Duration> = ContinuousClock(),
+        closeTimeout: Duration = .seconds(2),
+        maxQueuedBytes: Int = 256 * 1024,
+        logger: Logger
+    ) {
+        self.channel = channel
+        self.role = role
+        self.closeTimeout = closeTimeout
+        self.maxQueuedBytes = max(1, maxQueuedBytes)
+        self.clock = LinkClock(clock)
+        var logger = logger
+        logger[metadataKey: "transport"] = "\(channel.transport)"
+        logger[metadataKey: "link.remote"] = "\(channel.remoteDescription)"
+        logger[metadataKey: "link.role"] = "\(role)"
+        if let expectedRemote { logger[metadataKey: "peer.id"] = "\(expectedRemote)" }
+        self.logger = logger
+        (events, eventSink) = AsyncStream.makeStream(of: Event.self, bufferingPolicy: .unbounded)
+        state = Mutex(
+            State(
+                machine: LinkStateMachine(
+                    role: role, identity: identity, preface: preface, hello: hello, policy: policy,
+                    expectedRemote: expectedRemote)))
+    }
+
+    // MARK: - Public API
+
+    /// The handshake's outcome: waits for it.
+    ///
+    /// - Throws: the close reason as a ``PeerLinkError`` when the link closed first
+    ///   (`Closure.error`), `CancellationError` when the waiting task is cancelled.
+    public var established: Established {
+        get async throws {
+            let id = state.withLock { $0.establishedWaiters.makeID() }
+            return try await withTaskCancellationHandler {
+                try await withCheckedThrowingContinuation { continuation in
+                    state.withLock { state in
+                        if let result = state.established {
+                            continuation.resume(with: result)
+                        } else if Task.isCancelled {
+                            continuation.resume(throwing: CancellationError())
+                        } else {
+                            state.establishedWaiters.add(id, continuation)
+                        }
+                    }
+                }
+            } onCancel: {
+                state.withLock { $0.establishedWaiters.remove(id)?.resume(throwing: CancellationError()) }
+            }
+        }
+    }
+
+    /// How the link ended, once it has.
+    public var closure: Closure? { state.withLock { $0.closure } }
+
+    /// Input the state machine holds back because it is incomplete (at most
+    /// ``WireFormat/maxBufferedBytes``).
+    public var bufferedByteCount: Int { state.withLock { $0.machine.bufferedByteCount } }
+
+    /// Bytes waiting to be written, or being written.
+    public var queuedByteCount: Int { state.withLock { $0.queuedBytes } }
+
+    /// The round trip of the last answered keep-alive `PING`.
+    public var roundTripTime: Duration? { state.withLock { $0.machine.roundTripTime } }
+
+    /// The Noise handshake hash, the same on both sides (for a verification code).
+    public var handshakeHash: [UInt8]? { state.withLock { $0.machine.handshakeHash } }
+
+    /// Sends one frame, after the handshake. Returns once the frame is queued for the writer and
+    /// the queue is under ``maxQueuedBytes``. A `GO_AWAY` frame closes the link like ``close(code:reason:)``.
+    ///
+    /// - Throws: ``PeerLinkError`` `notConnected` once the link is closed (or the close reason
+    ///   if it closed during the handshake), `invalidParameter` for a frame the wire format
+    ///   cannot carry, `CancellationError` when the task is cancelled while waiting.
+    public func send(_ frame: Frame) async throws {
+        _ = try await established
+        let logs = try state.withLock { state throws(PeerLinkError) -> [LogEntry] in
+            if let closure = state.closure { throw Self.notConnected(closure, remote: channel.remoteDescription) }
+            let outputs: [LinkOutput]
+            do throws(WireError) {
+                outputs = try state.machine.send(frame, at: clock.now())
+            } catch {
+                throw PeerLinkError(.invalidParameter, "\(frame) cannot be sent: \(error.reason)")
+            }
+            return apply(outputs, to: &state, from: .send)
+        }
+        emit(logs)
+        try await waitForRoom()
+    }
+
+    /// Closes the link: a `GO_AWAY` with `code` and `reason` when established (nothing before),
+    /// then the channel. Idempotent; ``run()`` returns soon after.
+    public func close(code: GoAwayCode = .normal, reason: String = "closed") {
+        let (logs, closeNow) = state.withLock { state -> ([LogEntry], Bool) in
+            let logs = apply(state.machine.close(code: code, reason: reason), to: &state, from: .close)
+            return (logs, state.phase != .running)
+        }
+        emit(logs)
+        if closeNow { channel.close() }
+    }
+
+    /// Runs the link until it is over: the handshake, then frames both ways, then the close.
+    /// Returns once the channel is closed. Cancelling the calling task closes the link.
+    /// Calling it again, or after ``close(code:reason:)``, returns at once.
+    public func run() async {
+        let (started, logs) = state.withLock { state -> (Bool, [LogEntry]) in
+            guard state.phase == .notStarted, state.closure == nil else { return (false, []) }
+            state.phase = .running
+            return (true, apply(state.machine.start(at: clock.now()), to: &state, from: .start))
+        }
+        guard started else { return }
+        logger.debug("link starting")
+        emit(logs)
+        await withTaskCancellationHandler {
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { await self.readLoop() }
+                group.addTask { await self.tickLoop() }
+                await writeLoop()
+                if state.withLock({ $0.lingers }), !Task.isCancelled {
+                    await lingerUntilPeerEnds()
+                }
+                channel.close()
+                group.cancelAll()
+            }
+        } onCancel: {
+            cancel()
+        }
+        finish()
+    }
+
+    // MARK: - The three loops
+
+    /// Feeds the state machine what arrives, until the end of the stream or a failure. After
+    /// the link closed, it keeps reading (the machine discards) until the channel ends.
+    private func readLoop() async {
+        while true {
+            let bytes: [UInt8]
+            do {
+                bytes = try await channel.read()
+            } catch {
+                channelFailed(error)
+                break
+            }
+            if bytes.isEmpty {
+                let logs = state.withLock { state in
+                    apply(state.machine.receiveEnd(at: clock.now()), to: &state, from: .read)
+                }
+                emit(logs)
+                break
+            }
+            let logs = state.withLock { state in
+                apply(state.machine.receive(bytes, at: clock.now()), to: &state, from: .read)
+            }
+            emit(logs)
+        }
+        state.withLock { state in
+            state.readerEnded = true
+            state.readerEndWaiter?.resume()
+            state.readerEndWaiter = nil
+        }
+    }
+
+    /// Writes the queued bytes in order, joined, until the link is closed and the queue empty,
+    /// or a write fails.
+    private func writeLoop() async {
+        while let batch = await nextBatch() {
+            do {
+                try await channel.write(batch)
+            } catch {
+                channelFailed(error)
+                break
+            }
+            state.withLock { state in
+                state.writerBusy = false
+                state.queuedBytes -= batch.count
+                if state.queuedBytes <= maxQueuedBytes {
+                    for waiter in state.roomWaiters.removeAll() { waiter.resume() }
+                }
+            }
+        }
+        state.withLock { state in
+            state.writerBusy = false
+            state.writerDone = true
+            state.queue = []
+            state.queuedBytes = 0
+            let error = state.closure.map { Self.notConnected($0, remote: channel.remoteDescription) }
+            for waiter in state.roomWaiters.removeAll() {
+                if let error { waiter.resume(throwing: error) } else { waiter.resume() }
+            }
+        }
+    }
+
+    /// Ticks the state machine at its deadlines; wakes early when a deadline moves closer.
+    private func tickLoop() async {
+        while !Task.isCancelled {
+            let next = state.withLock { state -> Duration?? in
+                guard state.closure == nil else { return .none }
+                state.tickerArmed = true
+                state.tickerDeadline = state.machine.nextDeadline
+                state.tickerWakePending = false
+                return .some(state.tickerDeadline)
+            }
+            guard case .some(let deadline) = next else { return }
+            await sleepOrWake(until: deadline)
+            if Task.isCancelled { return }
+            let logs = state.withLock { state in
+                state.tickerArmed = false
+                return apply(state.machine.tick(at: clock.now()), to: &state, from: .tick)
+            }
+            emit(logs)
+        }
+    }
+
+    // MARK: - Waiting
+
+    /// The next bytes to write, joined; nil once the link is closed and nothing is left.
+    private func nextBatch() async -> [UInt8]? {
+        await withCheckedContinuation { continuation in
+            state.withLock { state in
+                if let batch = state.takeBatch() {
+                    continuation.resume(returning: batch)
+                } else if state.closure != nil || state.writerDone {
+                    continuation.resume(returning: nil)
+                } else {
+                    state.writerWaiter = continuation
+                }
+            }
+        }
+    }
+
+    /// Waits while the queue is over the limit.
+    private func waitForRoom() async throws {
+        let id = state.withLock { $0.roomWaiters.makeID() }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                state.withLock { state in
+                    if state.writerDone, let closure = state.closure {
+                        continuation.resume(throwing: Self.notConnected(closure, remote: channel.remoteDescription))
+                    } else if state.queuedBytes <= maxQueuedBytes || state.writerDone {
+                        continuation.resume()
+                    } else if Task.isCancelled {
+                        continuation.resume(throwing: CancellationError())
+                    } else {
+                        state.roomWaiters.add(id, continuation)
+                    }
+                }
+            }
+        } onCancel: {
+            state.withLock { $0.roomWaiters.remove(id)?.resume(throwing: CancellationError()) }
+        }
+    }
+
+    /// Sleeps until `deadline` (forever when nil), or until woken because the state machine's
+    /// deadline moved closer or the link closed, or until cancelled.
+    private func sleepOrWake(until deadline: Duration?) async {
+        await withTaskGroup(of: Void.self) { group in
+            if let deadline {
+                group.addTask { try? await self.clock.sleep(until: deadline) }
+            }
+            group.addTask { await self.waitForTickerWake() }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+
+    private func waitForTickerWake() async {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                state.withLock { state in
+                    if state.tickerWakePending || Task.isCancelled {
+                        continuation.resume()
+                    } else {
+                        state.tickerWake = continuation
+                    }
+                }
+            }
+        } onCancel: {
+            state.withLock { state in
+                state.tickerWake?.resume()
+                state.tickerWake = nil
+            }
+        }
+    }
+
+    /// After sending a `GO_AWAY`: waits for the peer to end the stream, at most `closeTimeout`.
+    private func lingerUntilPeerEnds() async {
+        let deadline = clock.now() + closeTimeout
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { try? await self.clock.sleep(until: deadline) }
+            group.addTask {
+                await withTaskCancellationHandler {
+                    await withCheckedContinuation { continuation in
+                        self.state.withLock { state in
+                            if state.readerEnded || Task.isCancelled {
+                                continuation.resume()
+                            } else {
+                                state.readerEndWaiter = continuation
+                            }
+                        }
+                    }
+                } onCancel: {
+                    self.state.withLock { state in
+                        state.readerEndWaiter?.resume()
+                        state.readerEndWaiter = nil
+                    }
+                }
+            }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+
+    // MARK: - Ending
+
+    /// The channel failed (or was closed here): the link is over, nothing more is written.
+    private func channelFailed(_ error: any Error) {
+        let logs = state.withLock { state -> [LogEntry] in
+            state.writerDone = true
+            state.queue = []
+            guard state.closure == nil else { return [] }
+            let failure =
+                (error as? PeerLinkError)
+                ?? (error is CancellationError
+                    ? PeerLinkError(.cancelled, "the link to \(channel.remoteDescription) was cancelled")
+                    : PeerLinkError(.unknown, "the link to \(channel.remoteDescription) failed: \(error)"))
+            state.channelFailure = failure
+            return apply(state.machine.receiveEnd(at: clock.now()), to: &state, from: .channelFailure(failure))
+        }
+        emit(logs)
+    }
+
+    /// The task running the link was cancelled: close with a `GO_AWAY` if the writer can take
+    /// it at once, else close the channel now.
+    private func cancel() {
+        let (logs, closeNow) = state.withLock { state -> ([LogEntry], Bool) in
+            // Busy before the GO_AWAY: then the GO_AWAY would wait behind a write that may not end.
+            let busy = state.writerBusy
+            let logs = apply(
+                state.machine.close(code: .normal, reason: "the link's task was cancelled"), to: &state, from: .cancel)
+            state.tickerWakePending = true
+            state.tickerWake?.resume()
+            state.tickerWake = nil
+            return (logs, busy)
+        }
+        emit(logs)
+        if closeNow { channel.close() }
+    }
+
+    /// After the loops: nothing is left waiting.
+    private func finish() {
+        let logs = state.withLock { state -> [LogEntry] in
+            state.phase = .finished
+            var logs: [LogEntry] = []
+            if state.closure == nil {
+                // Unreachable: the writer only stops once the link is closed.
+                logs = apply(
+                    state.machine.close(code: .internalError, reason: "the link stopped running"), to: &state, from: .close)
+            }
+            let error = state.closure.map { Self.notConnected($0, remote: channel.remoteDescription) }
+                ?? PeerLinkError(.notConnected, "the link is closed")
+            for waiter in state.roomWaiters.removeAll() { waiter.resume(throwing: error) }
+            return logs
+        }
+        emit(logs)
+        eventSink.finish()
+    }
+
+    // MARK: - Outputs
+
+    /// Where a batch of outputs came from: decides how a closure is reported.
+    private enum Source {
+        case start, read, tick, send, close, cancel
+        case channelFailure(PeerLinkError)
+    }
+
+    private struct LogEntry {
+        var level: Logger.Level
+        var message: Logger.Message
+        var metadata: Logger.Metadata
+    }
+
+    /// Carries out the state machine's outputs (under the lock): queues sends, reports the
+    /// handshake, yields frames, records the closure. Returns what to log.
+    private func apply(_ outputs: [LinkOutput], to state: inout State, from source: Source) -> [LogEntry] {
+        var logs: [LogEntry] = []
+        for output in outputs {
+            switch output {
+            case .send(let bytes):
+                guard !state.writerDone else { continue }
+                state.queue.append(bytes)
+                state.queuedBytes += bytes.count
+            case .established(let remote, let hello, let encrypted, let version):
+                let established = Established(remote: remote, hello: hello, encrypted: encrypted, version: version)
+                state.established = .success(established)
+                for waiter in state.establishedWaiters.removeAll() { waiter.resume(returning: established) }
+                state.peerMetadata = ["peer.id": "\(remote.fingerprint)", "peer.name": "\(remote.displayName)"]
+                logs.append(
+                    LogEntry(
+                        level: .info, message: "link established",
+                        metadata: state.peerMetadata.merging(
+                            ["link.encrypted": "\(encrypted)", "link.version": "\(version)"], uniquingKeysWith: { $1 })))
+            case .frame(let frame):
+                eventSink.yield(.frame(frame))
+            case .closed(let code, let reason, let byPeer):
+                let closure = makeClosure(code: code, reason: reason, byPeer: byPeer, source: source, state: state)
+                state.closure = closure
+                state.lingers =
+                    !byPeer && state.machine.remotePeer != nil && code != .keepAliveTimeout
+                    && state.channelFailure == nil && state.phase == .running
+                if state.established == nil {
+                    state.established = .failure(closure.error)
+                    for waiter in state.establishedWaiters.removeAll() { waiter.resume(throwing: closure.error) }
+                }
+                eventSink.yield(.closed(code: closure.code, reason: closure.reason, byPeer: closure.byPeer))
+                eventSink.finish()
+                logs.append(
+                    LogEntry(
+                        level: .info, message: "link closed",
+                        metadata: state.peerMetadata.merging(
+                            [
+                                "link.close.code": "\(code.rawValue)",
+                                "link.close.reason": "\(closure.reason)",
+                                "link.close.byPeer": "\(byPeer)",
+                            ], uniquingKeysWith: { $1 })))
+            }
+        }
+        // Wake the writer for new bytes or the close.
+        if let writer = state.writerWaiter {
+            if let batch = state.takeBatch() {
+                state.writerWaiter = nil
+                writer.resume(returning: batch)
+            } else if state.closure != nil {
+                state.writerWaiter = nil
+                writer.resume(returning: nil)
+            }
+        }
+        // Wake the ticker when its deadline moved closer or the link closed.
+        if state.tickerArmed {
+            let next = state.machine.nextDeadline
+            let closer: Bool =
+                if let next { state.tickerDeadline.map { next < $0 } ?? true } else { false }
+            if state.closure != nil || closer {
+                state.tickerWakePending = true
+                state.tickerWake?.resume()
+                state.tickerWake = nil
+            }
+        }
+        return logs
+    }
+
+    private func makeClosure(code: GoAwayCode, reason: String, byPeer: Bool, source: Source, state: State) -> Closure {
+        let remote = channel.remoteDescription
+        switch source {
+        case .channelFailure(let failure):
+            // The transport's message says more than "the stream ended".
+            return Closure(code: code, reason: failure.message, byPeer: true, error: failure)
+        case .cancel:
+            return Closure(
+                code: code, reason: reason, byPeer: false,
+                error: PeerLinkError(.cancelled, "the link to \(remote) was closed: its task was cancelled"))
+        default:
+            break
+        }
+        let errorCode: PeerLinkError.Code =
+            switch code {
+            case .normal: .notConnected
+            case .unsupportedVersion, .serviceMismatch, .encryptionMismatch: .unsupported
+            case .sessionFull, .identityMismatch: .unavailable
+            case .keepAliveTimeout: .timedOut
+            case .handshakeFailed:
+                if case .tick = source { .timedOut } else { .notConnected }
+            case .duplicateLink: .cancelled
+            case .protocolError, .internalError, .other: .unknown
+            }
+        let who = byPeer ? "the peer closed the link to \(remote)" : "the link to \(remote) was closed on this side"
+        let when = state.established == nil ? " before the handshake completed" : ""
+        let message = "\(who)\(when): \(reason) (code \(code))"
+        return Closure(code: code, reason: reason, byPeer: byPeer, error: PeerLinkError(errorCode, message))
+    }
+
+    private static func notConnected(_ closure: Closure, remote: String) -> PeerLinkError {
+        PeerLinkError(.notConnected, "the link to \(remote) is closed (\(closure.reason)): dial the peer again")
+    }
+
+    private func emit(_ logs: [LogEntry]) {
+        for entry in logs {
+            logger.log(level: entry.level, entry.message, metadata: entry.metadata)
+        }
+    }
+
+    // MARK: - State
+
+    private enum Phase { case notStarted, running, finished }
+
+    private struct State {
+        var machine: LinkStateMachine
+        var phase = Phase.notStarted
+
+        /// Bytes for the writer, in order.
+        var queue: [[UInt8]] = []
+        /// Bytes queued or being written.
+        var queuedBytes = 0
+        var writerWaiter: CheckedContinuation<[UInt8]?, Never>?
+        var writerBusy = false
+        /// The writer stopped (or the channel failed): nothing more is written.
+        var writerDone = false
+        var roomWaiters = Waiters<Void>()
+
+        var established: Result<Established, PeerLinkError>?
+        var establishedWaiters = Waiters<Established>()
+        var closure: Closure?
+        var channelFailure: PeerLinkError?
+        /// Wait for the peer's end of stream before closing the channel.
+        var lingers = false
+        var peerMetadata: Logger.Metadata = [:]
+
+        var tickerArmed = false
+        var tickerDeadline: Duration?
+        var tickerWakePending = false
+        var tickerWake: CheckedContinuation<Void, Never>?
+
+        var readerEnded = false
+        var readerEndWaiter: CheckedContinuation<Void, Never>?
+
+        init(machine: LinkStateMachine) {
+            self.machine = machine
+        }
+
+        /// Everything queued, joined, for one write; marks the writer busy.
+        mutating func takeBatch() -> [UInt8]? {
+            guard !queue.isEmpty, !writerDone else { return nil }
+            let batch = queue.count == 1 ? queue[0] : Array(queue.joined())
+            queue = []
+            writerBusy = true
+            return batch
+        }
+    }
+}
+
+/// Suspended callers, each under an id so a cancelled one can be found.
+struct Waiters<T: Sendable> {
+    private var nextID = 0
+    private var entries: [Int: CheckedContinuation<T, any Error>] = [:]
+
+    mutating func makeID() -> Int {
+        nextID += 1
+        return nextID
+    }
+
+    mutating func add(_ id: Int, _ continuation: CheckedContinuation<T, any Error>) {
+        entries[id] = continuation
+    }
+
+    mutating func remove(_ id: Int) -> CheckedContinuation<T, any Error>? {
+        entries.removeValue(forKey: id)
+    }
+
+    mutating func removeAll() -> [CheckedContinuation<T, any Error>] {
+        defer { entries = [:] }
+        return Array(entries.values)
+    }
+}
+
+/// A clock as the link uses it: durations since the link was made.
+struct LinkClock: Sendable {
+    let now: @Sendable () -> Duration
+    let sleepUntil: @Sendable (Duration) async throws -> Void
+
+    init(_ clock: some Clock<Duration>) {
+        let origin = clock.now
+        now = { origin.duration(to: clock.now) }
+        sleepUntil = { deadline in try await clock.sleep(until: origin.advanced(by: deadline), tolerance: nil) }
+    }
+
+    func sleep(until deadline: Duration) async throws {
+        try await sleepUntil(deadline)
+    }
+}

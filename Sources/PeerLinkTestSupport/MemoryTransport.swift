@@ -1,0 +1,439 @@
+import PeerLinkCore
+import Synchronization
+
+/// An in-memory network for deterministic tests: listeners register under a name, dials of
+/// `memory://name` connect to them, and each connection is a pair of ``MemoryChannel``s —
+/// ordered byte pipes with a bounded buffer per direction and back-pressure.
+///
+/// No threads, no sleeps: everything happens when a task reads, writes or closes. Faults are
+/// injected with ``cut(_:)`` or ``MemoryChannel/sever()``, which act like a pulled cable: both
+/// ends go silent (reads wait, writes vanish) instead of seeing the end of the stream.
+///
+/// ```swift
+/// let network = MemoryNetwork()
+/// let listener = try network.listen(name: "bo")
+/// let dialed = try await network.transport.dial(.memory(name: "bo"), timeout: .seconds(1))
+/// let accepted = try await listener.accept()
+/// ```
+public final class MemoryNetwork: Sendable {
+    /// How many bytes each direction of a connection holds before writers wait.
+    public let bufferCapacity: Int
+
+    private struct State {
+        var listeners: [String: MemoryListener] = [:]
+        var connections: [String: [MemoryConnection]] = [:]
+        var dialCount = 0
+    }
+
+    private let state = Mutex(State())
+
+    public init(bufferCapacity: Int = 64 * 1024) {
+        self.bufferCapacity = max(1, bufferCapacity)
+    }
+
+    /// A transport that dials this network's listeners.
+    public var transport: MemoryTransport { MemoryTransport(network: self) }
+
+    /// Starts a listener reachable as `memory://name`.
+    ///
+    /// - Throws: ``PeerLinkError`` (`invalidParameter`) when a listener already has that name.
+    public func listen(name: String) throws(PeerLinkError) -> MemoryListener {
+        try state.withLock { state throws(PeerLinkError) -> MemoryListener in
+            guard state.listeners[name] == nil else {
+                throw PeerLinkError(.invalidParameter, "memory://\(name) already has a listener: close it or pick another name")
+            }
+            let listener = MemoryListener(name: name, network: self)
+            state.listeners[name] = listener
+            return listener
+        }
+    }
+
+    /// Severs every open connection to the listener `name`, as if its cable were pulled: see
+    /// ``MemoryChannel/sever()``. Later dials still reach the listener.
+    public func cut(_ name: String) {
+        let connections = state.withLock { state -> [MemoryConnection] in
+            let connections = state.connections[name] ?? []
+            state.connections[name] = nil
+            return connections
+        }
+        for connection in connections { connection.sever() }
+    }
+
+    /// Connects to the listener `name`: the dialer's end, whose peer waits in the listener's
+    /// accept queue.
+    func dial(_ name: String) throws(PeerLinkError) -> MemoryChannel {
+        try state.withLock { state throws(PeerLinkError) -> MemoryChannel in
+            guard let listener = state.listeners[name] else {
+                throw PeerLinkError(.unavailable, "nothing listens at memory://\(name): is the peer still running?")
+            }
+            state.dialCount += 1
+            let connection = MemoryConnection(capacity: bufferCapacity)
+            state.connections[name, default: []].removeAll { $0.isFinished }
+            state.connections[name, default: []].append(connection)
+            let dialer = MemoryChannel(connection: connection, side: 0, remoteDescription: "memory://\(name)")
+            let accepted = MemoryChannel(
+                connection: connection, side: 1, remoteDescription: "memory://\(name)/dialer-\(state.dialCount)")
+            guard listener.enqueue(accepted) else {
+                throw PeerLinkError(.unavailable, "nothing listens at memory://\(name): is the peer still running?")
+            }
+            return dialer
+        }
+    }
+
+    func remove(_ listener: MemoryListener) {
+        state.withLock { state in
+            if state.listeners[listener.name] === listener { state.listeners[listener.name] = nil }
+        }
+    }
+}
+
+/// Dials ``Endpoint/memory(name:)`` endpoints of one ``MemoryNetwork``; other endpoints throw
+/// ``PeerLinkError`` with code `unsupported`. Dials complete at once (the timeout is not used).
+public struct MemoryTransport: Transport {
+    public let network: MemoryNetwork
+
+    public init(network: MemoryNetwork) {
+        self.network = network
+    }
+
+    public var name: String { "memory" }
+
+    public func dial(_ endpoint: Endpoint, timeout: Duration) async throws -> any LinkChannel {
+        guard case .memory(let name) = endpoint else {
+            throw PeerLinkError(.unsupported, "the memory transport dials memory:// endpoints, not \(endpoint)")
+        }
+        return try network.dial(name)
+    }
+}
+
+/// A listener of a ``MemoryNetwork``: dialled connections wait here until accepted.
+public final class MemoryListener: TransportListener {
+    public let name: String
+    public var localEndpoints: [Endpoint] { [.memory(name: name)] }
+    private let network: MemoryNetwork
+
+    private struct State {
+        var queue: [MemoryChannel] = []
+        var waiters = WaiterList<any LinkChannel>()
+        var closed = false
+    }
+
+    private let state = Mutex(State())
+
+    init(name: String, network: MemoryNetwork) {
+        self.name = name
+        self.network = network
+    }
+
+    public func accept() async throws -> any LinkChannel {
+        let id = state.withLock { $0.waiters.makeID() }
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { continuation in
+                state.withLock { state in
+                    if !state.queue.isEmpty {
+                        continuation.resume(returning: state.queue.removeFirst())
+                    } else if state.closed {
+                        continuation.resume(throwing: PeerLinkError(.notConnected, "the listener memory://\(name) is closed"))
+                    } else if Task.isCancelled {
+                        continuation.resume(throwing: CancellationError())
+                    } else {
+                        state.waiters.add(id, continuation)
+                    }
+                }
+            }
+        } onCancel: {
+            state.withLock { $0.waiters.remove(id)?.resume(throwing: CancellationError()) }
+        }
+    }
+
+    /// Hands a new connection to a waiting `accept`, or queues it. False once closed.
+    func enqueue(_ channel: MemoryChannel) -> Bool {
+        state.withLock { state in
+            guard !state.closed else { return false }
+            if let waiter = state.waiters.removeFirst() {
+                waiter.resume(returning: channel)
+            } else {
+                state.queue.append(channel)
+            }
+            return true
+        }
+    }
+
+    /// Stops listening: pending and later accepts throw, connections not accepted yet are closed.
+    public func close() {
+        let unaccepted = state.withLock { state -> [MemoryChannel] in
+            guard !state.closed else { return [] }
+            state.closed = true
+            for waiter in state.waiters.removeAll() {
+                waiter.resume(throwing: PeerLinkError(.notConnected, "the listener memory://\(name) is closed"))
+            }
+            defer { state.queue = [] }
+            return state.queue
+        }
+        for channel in unaccepted { channel.close() }
+        network.remove(self)
+    }
+}
+
+/// One end of an in-memory connection.
+///
+/// - `read()` returns what the peer wrote, in order; `[]` once the peer closed and everything
+///   before was read; it throws after this end closed (also a read that was waiting).
+/// - `write(_:)` waits while the peer's buffer is full (back-pressure); it throws after this end
+///   closed, or once the peer closed (like `EPIPE`).
+/// - ``sever()`` cuts the connection silently for both ends: reads wait until the task is
+///   cancelled or this end is closed, writes are dropped.
+public final class MemoryChannel: LinkChannel {
+    public var transport: String { "memory" }
+    public let remoteDescription: String
+    private let connection: MemoryConnection
+    private let side: Int
+
+    init(connection: MemoryConnection, side: Int, remoteDescription: String) {
+        self.connection = connection
+        self.side = side
+        self.remoteDescription = remoteDescription
+    }
+
+    public func read() async throws -> [UInt8] {
+        try await connection.read(side: side, description: remoteDescription)
+    }
+
+    public func write(_ bytes: [UInt8]) async throws {
+        try await connection.write(bytes, side: side, description: remoteDescription)
+    }
+
+    public func close() { connection.close(side: side) }
+
+    /// Cuts the connection like a pulled cable: from now on neither end hears anything, and
+    /// neither learns it (no end of stream). Only closing an end, or cancelling its task, ends
+    /// a read that waits.
+    public func sever() { connection.sever() }
+
+    /// Whether this end was closed.
+    public var isClosed: Bool { connection.isClosed(side: side) }
+
+    /// Bytes written to this end and not read by the peer yet.
+    public var bufferedByteCount: Int { connection.bufferedByteCount(towards: 1 - side) }
+}
+
+/// Lists of suspended callers, each under an id so a cancelled one can be found.
+struct WaiterList<T: Sendable> {
+    private var nextID = 0
+    private var entries: [(id: Int, continuation: CheckedContinuation<T, any Error>)] = []
+
+    var isEmpty: Bool { entries.isEmpty }
+
+    mutating func makeID() -> Int {
+        nextID += 1
+        return nextID
+    }
+
+    mutating func add(_ id: Int, _ continuation: CheckedContinuation<T, any Error>) {
+        entries.append((id, continuation))
+    }
+
+    mutating func remove(_ id: Int) -> CheckedContinuation<T, any Error>? {
+        guard let index = entries.firstIndex(where: { $0.id == id }) else { return nil }
+        return entries.remove(at: index).continuation
+    }
+
+    mutating func removeFirst() -> CheckedContinuation<T, any Error>? {
+        entries.isEmpty ? nil : entries.removeFirst().continuation
+    }
+
+    mutating func removeAll() -> [CheckedContinuation<T, any Error>] {
+        defer { entries = [] }
+        return entries.map(\.continuation)
+    }
+}
+
+/// Both directions of one in-memory connection, under one lock. Direction `d` carries bytes
+/// towards side `d` (side 0 dialled, side 1 accepted).
+final class MemoryConnection: Sendable {
+    private struct PendingWrite {
+        let id: Int
+        var remaining: ArraySlice<UInt8>
+        let continuation: CheckedContinuation<Void, any Error>
+    }
+
+    private struct Direction {
+        var buffer: [UInt8] = []
+        /// The sending side closed: the end of the stream once the buffer is read.
+        var senderClosed = false
+        /// The receiving side closed: writes fail.
+        var receiverClosed = false
+        var reader: (id: Int, continuation: CheckedContinuation<[UInt8], any Error>)?
+        var writers: [PendingWrite] = []
+    }
+
+    private struct State {
+        var directions = [Direction(), Direction()]
+        var closed = [false, false]
+        var severed = false
+        var nextID = 0
+    }
+
+    let capacity: Int
+    private let state = Mutex(State())
+
+    init(capacity: Int) {
+        self.capacity = capacity
+    }
+
+    var isFinished: Bool { state.withLock { ($0.closed[0] && $0.closed[1]) || $0.severed } }
+
+    func isClosed(side: Int) -> Bool { state.withLock { $0.closed[side] } }
+
+    func bufferedByteCount(towards side: Int) -> Int {
+        state.withLock { state in
+            state.directions[side].buffer.count + state.directions[side].writers.reduce(0) { $0 + $1.remaining.count }
+        }
+    }
+
+    func read(side: Int, description: String) async throws -> [UInt8] {
+        let id = state.withLock { state -> Int in
+            state.nextID += 1
+            return state.nextID
+        }
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { continuation in
+                state.withLock { state in
+                    // Like a socket: what is there is returned even to a cancelled task; only
+                    // waiting is cancelled.
+                    if state.closed[side] {
+                        continuation.resume(throwing: Self.closedHere(description))
+                    } else if !state.severed, !state.directions[side].buffer.isEmpty {
+                        let bytes = state.directions[side].buffer
+                        state.directions[side].buffer = []
+                        Self.pump(&state.directions[side], capacity: capacity)
+                        continuation.resume(returning: bytes)
+                    } else if !state.severed, state.directions[side].senderClosed {
+                        continuation.resume(returning: [])
+                    } else if Task.isCancelled {
+                        continuation.resume(throwing: CancellationError())
+                    } else {
+                        // Severed: a pulled cable, nothing will come.
+                        state.directions[side].reader = (id, continuation)
+                    }
+                }
+            }
+        } onCancel: {
+            state.withLock { state in
+                if let reader = state.directions[side].reader, reader.id == id {
+                    state.directions[side].reader = nil
+                    reader.continuation.resume(throwing: CancellationError())
+                }
+            }
+        }
+    }
+
+    func write(_ bytes: [UInt8], side: Int, description: String) async throws {
+        guard !bytes.isEmpty else { return }
+        let target = 1 - side
+        let id = state.withLock { state -> Int in
+            state.nextID += 1
+            return state.nextID
+        }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                state.withLock { state in
+                    if state.closed[side] {
+                        continuation.resume(throwing: Self.closedHere(description))
+                    } else if state.severed {
+                        continuation.resume()  // into the void
+                    } else if state.directions[target].receiverClosed {
+                        continuation.resume(throwing: PeerLinkError(.notConnected, "the peer at \(description) closed the link"))
+                    } else {
+                        // Like a socket: what fits is taken even from a cancelled task; only
+                        // waiting for room is cancelled (and leaves the write cut short).
+                        state.directions[target].writers.append(PendingWrite(id: id, remaining: bytes[...], continuation: continuation))
+                        Self.pump(&state.directions[target], capacity: capacity)
+                        if Task.isCancelled, let index = state.directions[target].writers.firstIndex(where: { $0.id == id }) {
+                            state.directions[target].writers.remove(at: index).continuation.resume(throwing: CancellationError())
+                        }
+                    }
+                }
+            }
+        } onCancel: {
+            state.withLock { state in
+                if let index = state.directions[target].writers.firstIndex(where: { $0.id == id }) {
+                    let writer = state.directions[target].writers.remove(at: index)
+                    writer.continuation.resume(throwing: CancellationError())
+                }
+            }
+        }
+    }
+
+    func close(side: Int) {
+        state.withLock { state in
+            guard !state.closed[side] else { return }
+            state.closed[side] = true
+            let closedHere = Self.closedHere("the peer")
+            // This end's waiting read and writes fail.
+            if let reader = state.directions[side].reader {
+                state.directions[side].reader = nil
+                reader.continuation.resume(throwing: closedHere)
+            }
+            for writer in state.directions[1 - side].writers { writer.continuation.resume(throwing: closedHere) }
+            state.directions[1 - side].writers = []
+            // A severed peer never learns.
+            guard !state.severed else { return }
+            // The peer reads the rest, then the end of the stream.
+            state.directions[1 - side].senderClosed = true
+            Self.pump(&state.directions[1 - side], capacity: capacity)
+            // The peer's writes fail from now on.
+            state.directions[side].receiverClosed = true
+            state.directions[side].buffer = []
+            let gone = PeerLinkError(.notConnected, "the peer closed the link")
+            for writer in state.directions[side].writers { writer.continuation.resume(throwing: gone) }
+            state.directions[side].writers = []
+        }
+    }
+
+    func sever() {
+        state.withLock { state in
+            guard !state.severed else { return }
+            state.severed = true
+            for side in 0..<2 {
+                state.directions[side].buffer = []
+                // Waiting writes complete: the bytes are lost on the way.
+                for writer in state.directions[side].writers { writer.continuation.resume() }
+                state.directions[side].writers = []
+            }
+        }
+    }
+
+    /// Moves waiting writes into the buffer as room allows, handing the buffer to a waiting
+    /// reader; at the end of the stream, the waiting reader gets `[]`.
+    private static func pump(_ direction: inout Direction, capacity: Int) {
+        while true {
+            while direction.buffer.count < capacity, !direction.writers.isEmpty {
+                let room = capacity - direction.buffer.count
+                let taken = direction.writers[0].remaining.prefix(room)
+                direction.buffer += taken
+                direction.writers[0].remaining = direction.writers[0].remaining.dropFirst(taken.count)
+                if direction.writers[0].remaining.isEmpty {
+                    direction.writers.removeFirst().continuation.resume()
+                }
+            }
+            guard let reader = direction.reader else { return }
+            if !direction.buffer.isEmpty {
+                direction.reader = nil
+                let bytes = direction.buffer
+                direction.buffer = []
+                reader.continuation.resume(returning: bytes)
+                continue
+            }
+            if direction.senderClosed {
+                direction.reader = nil
+                reader.continuation.resume(returning: [])
+            }
+            return
+        }
+    }
+
+    private static func closedHere(_ description: String) -> PeerLinkError {
+        PeerLinkError(.notConnected, "the link to \(description) was closed on this side")
+    }
+}

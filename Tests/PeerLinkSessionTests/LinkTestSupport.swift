@@ -1,0 +1,160 @@
+import Logging
+import PeerLinkCore
+import PeerLinkSession
+import Synchronization
+import Testing
+
+/// A log handler that keeps every entry, so tests can check what a link logged.
+final class TestLog: Sendable {
+    struct Entry: Sendable {
+        var level: Logger.Level
+        var message: String
+        var metadata: Logger.Metadata
+    }
+
+    private let entries = Mutex<[Entry]>([])
+
+    var logger: Logger {
+        Logger(label: "peerlink.test") { _ in Handler(log: self) }
+    }
+
+    var all: [Entry] { entries.withLock { $0 } }
+
+    /// The "link closed" entries of the link whose channel is `remote` and whose role is `role`.
+    func closings(remote: String, role: String) -> [Entry] {
+        all.filter {
+            $0.message == "link closed" && $0.metadata["link.remote"] == "\(remote)" && $0.metadata["link.role"] == "\(role)"
+        }
+    }
+
+    fileprivate func append(_ entry: Entry) {
+        entries.withLock { $0.append(entry) }
+    }
+
+    private struct Handler: LogHandler {
+        let log: TestLog
+        var metadata: Logger.Metadata = [:]
+        var logLevel: Logger.Level = .trace
+
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+
+        func log(event: LogEvent) {
+            let merged = metadata.merging(event.metadata ?? [:], uniquingKeysWith: { $1 })
+            log.append(Entry(level: event.level, message: event.message.description, metadata: merged))
+        }
+    }
+}
+
+enum LinkFixture {
+    static let chat = try! ServiceType("chat")
+
+    static func preface(_ encryption: EncryptionPreference = .optional) -> LinkPreface {
+        try! LinkPreface(encryption: encryption, service: chat)
+    }
+
+    static func hello(_ name: String) -> Hello {
+        Hello(displayName: try! DisplayName(name))
+    }
+
+    /// A link with the fixture's service, named `name`.
+    static func link(
+        _ channel: any LinkChannel,
+        _ role: LinkStateMachine.Role,
+        _ identity: Identity,
+        name: String,
+        encryption: EncryptionPreference = .optional,
+        policy: LinkPolicy = .default,
+        expecting: Identity? = nil,
+        clock: any Clock<Duration> = ContinuousClock(),
+        log: TestLog
+    ) -> Link {
+        Link(
+            channel: channel, role: role, identity: identity, preface: preface(encryption), hello: hello(name),
+            policy: policy, expectedRemote: expecting?.fingerprint, clock: clock, logger: log.logger)
+    }
+
+    /// A message frame whose chunk is `index` in 4 bytes, big-endian.
+    static func message(_ index: Int) -> Frame {
+        let value = UInt32(index)
+        return .message(id: value, flags: [], chunk: [24, 16, 8, 0].map { UInt8(truncatingIfNeeded: value >> $0) })
+    }
+
+    /// The index a ``message(_:)`` frame carries, or nil for another event.
+    static func index(of event: Link.Event?) -> Int? {
+        guard case .frame(.message(let id, _, let chunk))? = event, chunk.count == 4 else { return nil }
+        let value = chunk.reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
+        return value == id ? Int(value) : nil
+    }
+}
+
+extension AsyncStream<Link.Event>.Iterator {
+    /// The next `count` events (fewer if the stream ends).
+    mutating func next(_ count: Int) async -> [Link.Event] {
+        var events: [Link.Event] = []
+        for _ in 0..<count {
+            guard let event = await next() else { break }
+            events.append(event)
+        }
+        return events
+    }
+
+    /// Events up to and including `.closed` (at most `limit`), skipping frames.
+    mutating func closure(limit: Int = 10_000) async -> (code: GoAwayCode, reason: String, byPeer: Bool)? {
+        for _ in 0..<limit {
+            guard let event = await next() else { return nil }
+            if case .closed(let code, let reason, let byPeer) = event { return (code, reason, byPeer) }
+        }
+        return nil
+    }
+}
+
+/// A peer driven by hand: a state machine over a bare channel, for peers that misbehave.
+struct RawPeer {
+    var machine: LinkStateMachine
+    let channel: any LinkChannel
+    /// Frames and the closure that arrived, in order.
+    var events: [LinkOutput] = []
+
+    init(_ channel: any LinkChannel, name: String, expecting: Identity?) {
+        self.channel = channel
+        machine = LinkStateMachine(
+            role: .dialer, identity: .generate(), preface: LinkFixture.preface(), hello: LinkFixture.hello(name),
+            expectedRemote: expecting?.fingerprint)
+    }
+
+    /// Runs the handshake to the end (at most 20 reads). True once established.
+    mutating func handshake() async throws -> Bool {
+        var outputs = machine.start(at: .zero)
+        for _ in 0..<20 {
+            if try await carryOut(outputs) { return true }
+            let bytes = try await channel.read()
+            if bytes.isEmpty { return false }
+            outputs = machine.receive(bytes, at: .zero)
+        }
+        return false
+    }
+
+    /// Reads once and feeds the machine; false at the end of the stream.
+    mutating func readOnce() async throws -> Bool {
+        let bytes = try await channel.read()
+        if bytes.isEmpty { return false }
+        _ = try await carryOut(machine.receive(bytes, at: .zero))
+        return true
+    }
+
+    /// Writes the sends, keeps the events; true if `.established` was among them.
+    private mutating func carryOut(_ outputs: [LinkOutput]) async throws -> Bool {
+        var established = false
+        for output in outputs {
+            switch output {
+            case .send(let bytes): try await channel.write(bytes)
+            case .established: established = true
+            default: events.append(output)
+            }
+        }
+        return established
+    }
+}
