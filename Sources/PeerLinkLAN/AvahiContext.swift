@@ -18,6 +18,8 @@ final class AvahiContext: @unchecked Sendable {
     /// Observers of the client state, touched only on the poll thread or with the lock held.
     private var observers: [ObjectIdentifier: StateObserver] = [:]
     private var lastState: AvahiClientState = AVAHI_CLIENT_CONNECTING
+    private var started = false
+    private var reconnecting = false
 
     private init(poll: OpaquePointer, logger: Logger) {
         self.poll = poll
@@ -29,48 +31,54 @@ final class AvahiContext: @unchecked Sendable {
         guard let poll = avahi_threaded_poll_new() else {
             throw PeerLinkError(.unknown, "cannot create the Avahi event loop (out of memory?)")
         }
+        // From here on, deinit frees whatever the context owns, on every path.
         let context = AvahiContext(poll: poll, logger: logger)
         var error: Int32 = 0
-        let client = avahi_client_new(
-            avahi_threaded_poll_get(poll), AVAHI_CLIENT_NO_FAIL, avahiClientCallback,
-            Unmanaged.passUnretained(context).toOpaque(), &error)
-        guard let client else {
-            avahi_threaded_poll_free(poll)
-            throw PeerLinkError(.unavailable, "cannot connect to avahi-daemon: \(String(cString: avahi_strerror(error))). \(daemonAdvice)")
+        guard context.makeClient(&error) else {
+            throw PeerLinkError(.unavailable, busUnreachableMessage(String(cString: avahi_strerror(error))))
         }
-        context.client = client
         // With NO_FAIL a missing daemon leaves the client waiting in CONNECTING; at start-up that
-        // means the daemon (or the system bus it listens on) is not running.
-        if avahi_client_get_state(client) == AVAHI_CLIENT_CONNECTING {
-            avahi_client_free(client)
-            context.client = nil
-            avahi_threaded_poll_free(poll)
+        // means the daemon is not running.
+        if context.lastState == AVAHI_CLIENT_CONNECTING {
             throw PeerLinkError(.unavailable, missingDaemonMessage())
         }
-        context.lastState = avahi_client_get_state(client)
         guard avahi_threaded_poll_start(poll) == 0 else {
-            avahi_client_free(client)
-            context.client = nil
-            avahi_threaded_poll_free(poll)
             throw PeerLinkError(.unknown, "cannot start the Avahi event thread")
         }
+        context.started = true
         return context
+    }
+
+    /// Creates the client (NO_FAIL: it waits for a missing daemon instead of failing).
+    private func makeClient(_ error: inout Int32) -> Bool {
+        client = nil
+        let created = avahi_client_new(
+            avahi_threaded_poll_get(poll), AVAHI_CLIENT_NO_FAIL, avahiClientCallback,
+            Unmanaged.passUnretained(self).toOpaque(), &error)
+        guard let created else { return false }
+        client = created
+        lastState = avahi_client_get_state(created)
+        return true
     }
 
     static let daemonAdvice =
         "Start it with 'sudo systemctl start avahi-daemon' (on a machine without systemd: 'sudo Hardware/daemons.sh start' from the PeerLink repository)"
 
+    /// The system bus address libdbus uses.
+    static var systemBusAddress: String {
+        ProcessInfo.processInfo.environment["DBUS_SYSTEM_BUS_ADDRESS"] ?? "unix:path=/run/dbus/system_bus_socket"
+    }
+
+    static func busUnreachableMessage(_ detail: String) -> String {
+        "avahi-daemon cannot be reached: the system D-Bus at \(systemBusAddress) does not answer (\(detail)). Start D-Bus and avahi-daemon with 'sudo systemctl start dbus avahi-daemon' (without systemd: 'sudo Hardware/daemons.sh start' from the PeerLink repository)"
+    }
+
     static func missingDaemonMessage() -> String {
-        if !FileManager.default.fileExists(atPath: "/run/dbus/system_bus_socket")
-            && !FileManager.default.fileExists(atPath: "/var/run/dbus/system_bus_socket")
-        {
-            return "avahi-daemon is not running: the system D-Bus it needs is not running either (no /run/dbus/system_bus_socket). Install and start both: 'sudo apt-get install avahi-daemon dbus', then 'sudo systemctl start dbus avahi-daemon' (without systemd: 'sudo Hardware/daemons.sh start' from the PeerLink repository)"
-        }
-        return "avahi-daemon is not running. \(daemonAdvice)"
+        "avahi-daemon is not running. \(daemonAdvice)"
     }
 
     deinit {
-        avahi_threaded_poll_stop(poll)
+        if started { avahi_threaded_poll_stop(poll) }
         if let client { avahi_client_free(client) }
         avahi_threaded_poll_free(poll)
     }
@@ -103,20 +111,65 @@ final class AvahiContext: @unchecked Sendable {
     fileprivate func clientChanged(_ client: OpaquePointer?, _ state: AvahiClientState) {
         // During avahi_client_new the callback runs before `self.client` is set.
         if self.client == nil { self.client = client }
-        lastState = state
+        if state == AVAHI_CLIENT_FAILURE, let client, avahi_client_errno(client) == AVAHI_ERR_DISCONNECTED {
+            // The daemon went away. libavahi-client only waits for a daemon that is missing at
+            // start; a running one that leaves takes the client down with it. Tell everyone the
+            // daemon is gone (they drop their entry groups and browsers), then build a new client
+            // that waits for the daemon to come back; the client cannot be freed from its own
+            // callback, so that happens in a moment on this same thread.
+            logger.info("avahi-daemon went away; waiting for it to come back")
+            notify(AVAHI_CLIENT_CONNECTING)
+            scheduleReconnect()
+            return
+        }
         switch state {
         case AVAHI_CLIENT_S_RUNNING: logger.debug("avahi client running")
-        case AVAHI_CLIENT_CONNECTING: logger.info("avahi-daemon went away; waiting for it to come back")
+        case AVAHI_CLIENT_CONNECTING: logger.info("waiting for avahi-daemon")
         case AVAHI_CLIENT_FAILURE: logger.warning("avahi client failed: \(lastError)")
         default: break
         }
+        notify(state)
+    }
+
+    private func notify(_ state: AvahiClientState) {
+        guard state != lastState else { return }
+        lastState = state
         for observer in observers.values { observer(state) }
+    }
+
+    private func scheduleReconnect() {
+        guard !reconnecting else { return }
+        reconnecting = true
+        _ = peerlink_avahi_schedule(avahi_threaded_poll_get(poll), 0, avahiReconnectCallback, Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    fileprivate func reconnect(_ timeout: OpaquePointer?) {
+        if let timeout { peerlink_avahi_timeout_free(avahi_threaded_poll_get(poll), timeout) }
+        reconnecting = false
+        if let client { avahi_client_free(client) }
+        client = nil
+        var error: Int32 = 0
+        if makeClient(&error) {
+            // The new client may already run (a quick restart); observers rebuild on RUNNING.
+            let state = lastState
+            lastState = AVAHI_CLIENT_CONNECTING
+            notify(state)
+        } else {
+            logger.warning("cannot reconnect to avahi-daemon: \(String(cString: avahi_strerror(error))); trying again in 1 s")
+            reconnecting = true
+            _ = peerlink_avahi_schedule(avahi_threaded_poll_get(poll), 1000, avahiReconnectCallback, Unmanaged.passUnretained(self).toOpaque())
+        }
     }
 }
 
 private func avahiClientCallback(_ client: OpaquePointer?, _ state: AvahiClientState, _ userdata: UnsafeMutableRawPointer?) {
     guard let userdata else { return }
     Unmanaged<AvahiContext>.fromOpaque(userdata).takeUnretainedValue().clientChanged(client, state)
+}
+
+private func avahiReconnectCallback(_ timeout: OpaquePointer?, _ userdata: UnsafeMutableRawPointer?) {
+    guard let userdata else { return }
+    Unmanaged<AvahiContext>.fromOpaque(userdata).takeUnretainedValue().reconnect(timeout)
 }
 
 /// The state of avahi-daemon as this machine's tools report it.

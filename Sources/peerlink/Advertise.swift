@@ -7,13 +7,13 @@ struct Advertise: AsyncParsableCommand {
         abstract: "Publish this peer on the LAN until interrupted.",
         discussion: "Runs until SIGINT (Ctrl-C) or SIGTERM, then withdraws the advertisement and exits 0.")
 
-    @Option(help: "The display name others see: 1 to 63 bytes of UTF-8.")
+    @Option(parsing: .unconditional, help: "The display name others see: 1 to 63 bytes of UTF-8.")
     var name: String
 
-    @Option(help: "The service type: 1-15 lowercase letters, digits or hyphens (published as _TYPE._tcp).")
+    @Option(parsing: .unconditional, help: "The service type: 1-15 lowercase letters, digits or hyphens (published as _TYPE._tcp).")
     var service: String = ServiceType.default.value
 
-    @Option(help: ArgumentHelp("Discovery info to publish; repeat for more entries.", valueName: "key=value"))
+    @Option(parsing: .unconditionalSingleValue, help: ArgumentHelp("Discovery info to publish; repeat for more entries.", valueName: "key=value"))
     var info: [String] = []
 
     @OptionGroup var peer: PeerOptions

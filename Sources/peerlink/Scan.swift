@@ -13,7 +13,7 @@ struct Scan: AsyncParsableCommand {
     @Flag(help: "Scan for Bluetooth devices.")
     var bluetooth = false
 
-    @Option(help: "The service type to look for.")
+    @Option(parsing: .unconditional, help: "The service type to look for.")
     var service: String = ServiceType.default.value
 
     @Option(help: "How long to scan, in seconds.")
@@ -67,12 +67,15 @@ struct Scan: AsyncParsableCommand {
     func run() async throws {
         PeerLinkLogging.bootstrap(verbose: verbose)
         if bluetooth {
+            var problem = PeerLinkError(.unsupported, "scanning for Bluetooth devices is not available in this version of peerlink; use 'peerlink scan --lan'")
             do {
                 _ = try BluetoothAdapter.all()
             } catch {
-                throw fail(error)
+                problem = error
             }
-            throw fail(PeerLinkError(.unsupported, "scanning for Bluetooth devices is not available in this version of peerlink; use 'peerlink scan --lan'"))
+            // Asked for Bluetooth alone: that is the answer. Asked for both: say so and scan the LAN.
+            guard lan else { throw fail(problem) }
+            printError("peerlink: Bluetooth skipped: \(problem.message)")
         }
         let serviceType = try ServiceType(service)
         let browser = LANBrowser(serviceType: serviceType)

@@ -96,9 +96,18 @@ enum TestHost {
         return String((prefix + "-" + suffix).prefix(15))
     }
 
-    /// A fresh config directory, so each process gets its own identity.
+    /// One directory per test run holding every temporary directory of the run; removed when
+    /// the test process exits.
+    static let runDirectory: String = {
+        let path = NSTemporaryDirectory() + "peerlink-integ-\(getpid())"
+        try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        atexit { try? FileManager.default.removeItem(atPath: TestHost.runDirectory) }
+        return path
+    }()
+
+    /// A fresh directory (e.g. a config directory, so each process gets its own identity).
     static func temporaryDirectory(_ label: String = "peerlink-test") -> String {
-        let path = NSTemporaryDirectory() + "\(label)-\(UUID().uuidString.prefix(8))"
+        let path = runDirectory + "/\(label)-\(UUID().uuidString.prefix(8))"
         try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
         return path
     }
