@@ -1,0 +1,125 @@
+/// A control message waiting to be sent. Invitations and joins are written out only when the
+/// frame is taken, so they carry the session id and remaining timeout of that moment.
+enum QueuedControl: Hashable, Sendable {
+    /// `INVITE` for one of the local peer's invitations.
+    case invite(InvitationID)
+    /// `JOIN` for the current session.
+    case join
+    /// Any other control message, as is.
+    case message(ControlMessage)
+}
+
+/// A reliable message on its way out: whole bytes, and how far it got on the current link.
+struct OutgoingMessage: Sendable {
+    var bytes: [UInt8]
+    /// Bytes already taken as chunks on the current link.
+    var offset = 0
+    /// The message id on the current link, given when its first chunk is taken.
+    var id: UInt32?
+}
+
+/// Everything queued for one peer, whatever link will carry it: the peer's send link can
+/// change (a duplicate collapsed, a link lost), and the queue moves with the peer.
+///
+/// Three lanes, taken in this order: control messages (first in, first out), then unreliable
+/// messages (a small bounded lane that never waits behind reliable chunks), then reliable
+/// messages, one chunk per turn, round-robin, so a small message queued after a large one
+/// is finished long before the large one.
+struct PeerOutbox: Sendable {
+    private(set) var control: [QueuedControl] = []
+    private(set) var datagrams: [[UInt8]] = []
+    private(set) var messages: [OutgoingMessage] = []
+    private var cursor = 0
+
+    var isEmpty: Bool { control.isEmpty && datagrams.isEmpty && messages.isEmpty }
+
+    mutating func enqueue(_ item: QueuedControl) { control.append(item) }
+
+    func contains(_ item: QueuedControl) -> Bool { control.contains(item) }
+
+    mutating func removeControl(where predicate: (QueuedControl) -> Bool) { control.removeAll(where: predicate) }
+
+    /// Queues a datagram; false (nothing queued) when the lane already holds `limit`.
+    mutating func enqueueDatagram(_ bytes: [UInt8], limit: Int) -> Bool {
+        guard datagrams.count < limit else { return false }
+        datagrams.append(bytes)
+        return true
+    }
+
+    mutating func enqueueMessage(_ bytes: [UInt8]) { messages.append(OutgoingMessage(bytes: bytes)) }
+
+    mutating func removeAll() { self = PeerOutbox() }
+
+    /// The send link changed: chunks taken on the old one died with it, so every message begins
+    /// again, whole, under a new id. Messages whose every chunk was taken are gone already.
+    mutating func restartMessages() {
+        for index in messages.indices {
+            messages[index].offset = 0
+            messages[index].id = nil
+        }
+    }
+
+    mutating func takeControl() -> QueuedControl? {
+        control.isEmpty ? nil : control.removeFirst()
+    }
+
+    mutating func takeDatagram() -> [UInt8]? {
+        datagrams.isEmpty ? nil : datagrams.removeFirst()
+    }
+
+    /// The next chunk, round-robin across the queued messages: one chunk of the message at the
+    /// cursor, then the cursor moves on. `nextID` gives a message its id when its first chunk
+    /// is taken (counting up on the link, skipping 0).
+    mutating func takeChunk(nextID: inout UInt32) -> Frame? {
+        guard !messages.isEmpty else { return nil }
+        if cursor >= messages.count { cursor = 0 }
+        var message = messages[cursor]
+        let id: UInt32
+        if let existing = message.id {
+            id = existing
+        } else {
+            id = nextID
+            nextID = nextID == .max ? 1 : nextID + 1
+            message.id = id
+        }
+        let end = min(message.offset + WireFormat.maxFramePayload, message.bytes.count)
+        let chunk = Array(message.bytes[message.offset..<end])
+        message.offset = end
+        let finished = end == message.bytes.count
+        if finished {
+            messages.remove(at: cursor)
+        } else {
+            messages[cursor] = message
+            cursor += 1
+        }
+        return .message(id: id, flags: finished ? [] : .more, chunk: chunk)
+    }
+}
+
+/// Reassembles the reliable messages arriving on one link, per message id; chunks of different
+/// messages may interleave.
+struct MessageReassembly: Sendable {
+    private var partial: [UInt32: [UInt8]] = [:]
+
+    enum Outcome {
+        case incomplete
+        case complete([UInt8])
+        /// Over ``WireFormat/maxMessageLength``: a protocol error.
+        case tooLarge(Int)
+    }
+
+    mutating func add(id: UInt32, flags: FrameFlags, chunk: [UInt8]) -> Outcome {
+        var bytes = partial.removeValue(forKey: id) ?? []
+        guard bytes.count + chunk.count <= WireFormat.maxMessageLength else {
+            return .tooLarge(bytes.count + chunk.count)
+        }
+        bytes += chunk
+        if flags.contains(.more) {
+            partial[id] = bytes
+            return .incomplete
+        }
+        return .complete(bytes)
+    }
+
+    var bufferedBytes: Int { partial.values.reduce(0) { $0 + $1.count } }
+}

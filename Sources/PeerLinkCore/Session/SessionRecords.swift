@@ -1,0 +1,159 @@
+/// What the session knows about one remote peer. Internal to ``SessionStateMachine``.
+struct PeerRecord: Sendable {
+    /// The latest name the peer was seen under (its hello, a `MEMBERS` message, the app).
+    var id: PeerID
+    /// The state last reported to the app.
+    var reported: PeerState = .notConnected
+    /// In the session: messages may be sent to it.
+    var isMember = false
+    var endpoints: [Endpoint] = []
+    /// A `.dial` is out and not answered yet.
+    var dialing = false
+    /// Established links to the peer, oldest first.
+    var links: [LinkID] = []
+    /// The link queued frames go out on (see ``SessionStateMachine`` on duplicate links).
+    var sendLink: LinkID?
+    /// `.framesReady` was announced for `sendLink` and the owner has not drained it to nil yet.
+    var signalled = false
+    var outbox = PeerOutbox()
+    /// The peer closed its last link as a duplicate: its replacement is expected until then.
+    var replacementDeadline: Duration?
+    /// The local peer is joining this member (it was in the roster of the local peer's inviter)
+    /// and waits for its `JOIN` until then.
+    var joiningDeadline: Duration?
+    /// A member announced this peer as a newcomer: its `JOIN` is expected until then.
+    var announcedDeadline: Duration?
+    /// A `JOIN` from this peer that waits for its announcement.
+    var pendingJoin: PendingJoin?
+    /// The local peer accepted this peer's invitation: the next `MEMBERS` from it is the roster.
+    var expectingRoster = false
+    /// The local app's pending invitation to this peer.
+    var outgoingInvitation: InvitationID?
+    /// Answers given to this peer's invitations, by wire id, newest last: a repeated `INVITE`
+    /// (sent again on a replacement link) gets the same answer again.
+    var answers: [(wireID: UInt32, answer: Answer)] = []
+    /// Discovery reports it (automatic mode invites only found peers).
+    var found = false
+    /// Automatic mode does not invite it again until it is lost and found again (it declined
+    /// with *session full*, or it left).
+    var autoBlocked = false
+    /// Automatic mode invites it again no earlier than this (after a failed invitation).
+    var autoRetryAt: Duration?
+    /// The last time the session had business with this peer (for the idle-link timeout).
+    var purposeAt: Duration = .zero
+    /// Why the peer is about to be reported `notConnected`.
+    var lostReason: String?
+
+    init(id: PeerID) {
+        self.id = id
+    }
+
+    enum Answer: Hashable, Sendable {
+        case accepted
+        case declined(DeclineReason)
+    }
+
+    struct PendingJoin: Hashable, Sendable {
+        var link: LinkID
+        var deadline: Duration
+    }
+
+    func answer(for wireID: UInt32) -> Answer? {
+        answers.last { $0.wireID == wireID }?.answer
+    }
+
+    mutating func record(_ answer: Answer, for wireID: UInt32) {
+        answers.removeAll { $0.wireID == wireID }
+        answers.append((wireID, answer))
+        if answers.count > 16 { answers.removeFirst(answers.count - 16) }
+    }
+
+    /// Whether the peer holds one of the session's places (see ``SessionStateMachine``'s rules
+    /// on a full session): a member, or on its way in.
+    var holdsPlace: Bool {
+        isMember || outgoingInvitation != nil || joiningDeadline != nil || announcedDeadline != nil
+    }
+
+    /// Whether it is tied to the local peer's current session (so another session cannot be
+    /// adopted).
+    var tiesSession: Bool {
+        isMember || joiningDeadline != nil || announcedDeadline != nil || pendingJoin != nil
+    }
+}
+
+/// One established link. Internal to ``SessionStateMachine``.
+struct LinkRecord: Sendable {
+    let peer: Fingerprint
+    let dialedLocally: Bool
+    /// Establishment order, across all links of the state machine.
+    let order: Int
+    let establishedAt: Duration
+    /// The id the next reliable message sent on this link gets.
+    var nextMessageID: UInt32 = 1
+    var reassembly = MessageReassembly()
+    /// A `JOIN` went out on this link.
+    var joinSent = false
+}
+
+/// An invitation the local peer sent. Internal to ``SessionStateMachine``.
+struct OutgoingInvitation: Sendable {
+    let peer: Fingerprint
+    let context: [UInt8]
+    /// When the invitation times out (the invitee's clock starts when the `INVITE` arrives, so
+    /// an `INVITE` carries the time that remains when it is written).
+    let deadline: Duration
+    /// Made by automatic mode, not by the app: no result is reported.
+    let automatic: Bool
+    /// The link its `INVITE` went out on, if any.
+    var sentOn: LinkID?
+    /// The peer answered `DECLINE` *crossed*: the peer's own invitation will settle it.
+    var crossed = false
+}
+
+/// An invitation the local peer received. Internal to ``SessionStateMachine``.
+struct IncomingInvitation: Sendable {
+    enum State: Hashable, Sendable {
+        /// Shown to the app, waiting for ``SessionStateMachine/respond(to:accept:at:)``.
+        case awaitingApp
+        /// To be accepted without asking (automatic mode) once the session has room.
+        case awaitingRoom
+        /// Crossed with the local peer's own invitation, which wins the tie-break: answered
+        /// once the local invitation is settled.
+        case crossedWinner
+    }
+
+    let peer: Fingerprint
+    let wireID: UInt32
+    let session: SessionID
+    let context: [UInt8]
+    let deadline: Duration
+    var state: State
+}
+
+/// A place in a bounded first-in-first-out memory (answers to late calls).
+struct BoundedMemory<Key: Hashable & Sendable, Value: Sendable>: Sendable {
+    private var values: [Key: Value] = [:]
+    private var order: [Key] = []
+    let capacity: Int
+
+    init(capacity: Int) {
+        self.capacity = capacity
+    }
+
+    subscript(key: Key) -> Value? { values[key] }
+
+    mutating func insert(_ value: Value, for key: Key) {
+        if values.updateValue(value, forKey: key) == nil { order.append(key) }
+        if order.count > capacity { values[order.removeFirst()] = nil }
+    }
+
+    mutating func remove(_ key: Key) {
+        if values.removeValue(forKey: key) != nil { order.removeAll { $0 == key } }
+    }
+}
+
+/// A late answer's key: which peer, which wire invitation id.
+struct WireInvitationKey: Hashable, Sendable {
+    let peer: Fingerprint
+    let wireID: UInt32
+}

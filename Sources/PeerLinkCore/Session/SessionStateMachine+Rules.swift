@@ -1,0 +1,567 @@
+// The rules behind SessionStateMachine's inputs: invitations, membership, links, control
+// messages, and `settle()`, which every input ends with.
+
+extension SessionStateMachine {
+    // MARK: - Plumbing
+
+    mutating func advance(to time: Duration) {
+        if time > now { now = time }
+    }
+
+    mutating func takeActions() -> [SessionAction] {
+        defer { actions = [] }
+        return actions
+    }
+
+    mutating func emit(_ action: SessionAction) { actions.append(action) }
+
+    mutating func emit(_ event: SessionEvent) { actions.append(.event(event)) }
+
+    func milliseconds(_ duration: Duration) -> Int64 {
+        let (seconds, attoseconds) = duration.components
+        let (product, overflow) = seconds.multipliedReportingOverflow(by: 1000)
+        if overflow { return seconds < 0 ? 0 : Int64.max }
+        return max(0, product + attoseconds / 1_000_000_000_000_000)
+    }
+
+    /// The places held by peers other than `fingerprint` (see ``PeerRecord/holdsPlace``).
+    func placesHeld(excluding fingerprint: Fingerprint) -> Int {
+        peers.reduce(0) { $0 + ($1.key != fingerprint && $1.value.holdsPlace ? 1 : 0) }
+    }
+
+    /// Members other than `fingerprint`.
+    func memberCount(excluding fingerprint: Fingerprint) -> Int {
+        peers.reduce(0) { $0 + ($1.key != fingerprint && $1.value.isMember ? 1 : 0) }
+    }
+
+    /// Whether `fingerprint` can take a place (the local peer holds one of the maximum).
+    func hasRoom(excluding fingerprint: Fingerprint) -> Bool {
+        placesHeld(excluding: fingerprint) < policy.maximumPeers - 1
+    }
+
+    /// Whether the members alone fill the session, `fingerprint` aside.
+    func isFullOfMembers(excluding fingerprint: Fingerprint) -> Bool {
+        memberCount(excluding: fingerprint) >= policy.maximumPeers - 1
+    }
+
+    /// Whether an invitation into `session` from `fingerprint` can be accepted: it is the local
+    /// session, or the local peer has no ties to its own (then it adopts `session`). Automatic
+    /// mode stays in the automatic session.
+    func canAdopt(_ session: SessionID, excluding fingerprint: Fingerprint) -> Bool {
+        if session == sessionID { return true }
+        if isAutomatic { return false }
+        return !peers.contains { $0.key != fingerprint && $0.value.tiesSession }
+    }
+
+    func derivedState(_ record: PeerRecord) -> PeerState {
+        if record.isMember { return .connected }
+        if record.outgoingInvitation != nil || record.joiningDeadline != nil || record.announcedDeadline != nil
+            || record.pendingJoin != nil
+            || incoming.values.contains(where: { $0.peer == record.id.fingerprint && $0.state != .awaitingApp })
+        {
+            return .connecting
+        }
+        return .notConnected
+    }
+
+    func hasBusiness(_ record: PeerRecord) -> Bool {
+        record.isMember || record.outgoingInvitation != nil || record.joiningDeadline != nil
+            || record.announcedDeadline != nil || record.pendingJoin != nil || record.dialing
+            || record.replacementDeadline != nil || !record.outbox.isEmpty
+            || incoming.values.contains { $0.peer == record.id.fingerprint }
+    }
+
+    /// When the links to a peer the session has no business with are closed.
+    func idleDeadline(_ record: PeerRecord) -> Duration? {
+        guard !record.links.isEmpty, !hasBusiness(record) else { return nil }
+        let newest = record.links.compactMap { links[$0]?.establishedAt }.max() ?? record.purposeAt
+        return max(newest, record.purposeAt) + policy.idleLinkTimeout
+    }
+
+    func memberEntry(_ peer: PeerID) -> ControlMessage.Member {
+        let name = (try? DisplayName(peer.displayName)) ?? (try? DisplayName(peer.fingerprint.value))
+        // A fingerprint is always a valid display name (16 ASCII letters and digits).
+        return ControlMessage.Member(fingerprint: peer.fingerprint, displayName: name!)
+    }
+
+    // MARK: - Invitations
+
+    /// Records a new invitation to `fingerprint`, queues its `INVITE` and dials if needed.
+    mutating func startInvitation(to fingerprint: Fingerprint, context: [UInt8], timeout: Duration, automatic: Bool) -> InvitationID {
+        let id = InvitationID(nextInvitationNumber)
+        nextInvitationNumber = nextInvitationNumber == .max ? 1 : nextInvitationNumber + 1
+        outgoing[id] = OutgoingInvitation(peer: fingerprint, context: context, deadline: now + timeout, automatic: automatic)
+        peers[fingerprint]!.outgoingInvitation = id
+        peers[fingerprint]!.outbox.enqueue(.invite(id))
+        dialIfNeeded(fingerprint)
+        return id
+    }
+
+    mutating func dialIfNeeded(_ fingerprint: Fingerprint) {
+        guard var record = peers[fingerprint], record.links.isEmpty, !record.dialing, record.replacementDeadline == nil else { return }
+        record.dialing = true
+        peers[fingerprint] = record
+        emit(.dial(record.id, endpoints: record.endpoints))
+    }
+
+    mutating func answer(_ fingerprint: Fingerprint, wireID: UInt32, with answer: PeerRecord.Answer) {
+        peers[fingerprint]!.record(answer, for: wireID)
+        switch answer {
+        case .accepted: peers[fingerprint]!.outbox.enqueue(.message(.accept(invitation: wireID)))
+        case .declined(let reason): peers[fingerprint]!.outbox.enqueue(.message(.decline(invitation: wireID, reason: reason)))
+        }
+    }
+
+    /// Accepts an incoming invitation (the checks are the caller's): `ACCEPT`, adopt the
+    /// session, membership; the inviter's `MEMBERS` that follows is the roster.
+    mutating func acceptIncoming(_ id: InvitationID) {
+        guard let invitation = incoming.removeValue(forKey: id) else { return }
+        answer(invitation.peer, wireID: invitation.wireID, with: .accepted)
+        if invitation.session != sessionID { sessionID = invitation.session }
+        peers[invitation.peer]!.expectingRoster = true
+        becomeMember(invitation.peer)
+    }
+
+    mutating func declineIncoming(_ id: InvitationID, reason: DeclineReason) {
+        guard let invitation = incoming.removeValue(forKey: id) else { return }
+        answer(invitation.peer, wireID: invitation.wireID, with: .declined(reason))
+        if closedIncoming[id] == nil {
+            closedIncoming.insert(PeerLinkError(.invalidParameter, "\(id) was already answered (declined: \(reason))"), for: id)
+        }
+    }
+
+    /// Ends one of the local invitations. Crossed invitations from the same peer that waited for
+    /// it are settled now: declined *crossed* if it was accepted, otherwise accepted in its
+    /// place when possible (and then the local invitation counts as accepted).
+    mutating func resolveOutgoing(_ id: InvitationID, _ outcome: InvitationOutcome) {
+        guard let invitation = outgoing.removeValue(forKey: id) else { return }
+        let fingerprint = invitation.peer
+        if peers[fingerprint]?.outgoingInvitation == id { peers[fingerprint]!.outgoingInvitation = nil }
+        peers[fingerprint]?.outbox.removeControl { $0 == .invite(id) }
+        var final = outcome
+        let crossed = incoming.filter { $0.value.peer == fingerprint && $0.value.state == .crossedWinner }.keys.sorted()
+        for other in crossed {
+            if final == .accepted {
+                declineIncoming(other, reason: .crossed)
+            } else if links.values.contains(where: { $0.peer == fingerprint }), canAdopt(incoming[other]!.session, excluding: fingerprint),
+                hasRoom(excluding: fingerprint)
+            {
+                acceptIncoming(other)
+                final = .accepted
+            } else {
+                declineIncoming(other, reason: hasRoom(excluding: fingerprint) ? .declined : .sessionFull)
+            }
+        }
+        if final != .accepted, var record = peers[fingerprint] {
+            if !record.isMember { record.lostReason = "invitation \(final)" }
+            if invitation.automatic {
+                if final == .sessionFull {
+                    record.autoBlocked = true
+                } else {
+                    record.autoRetryAt = now + policy.invitationTimeout
+                }
+            }
+            peers[fingerprint] = record
+        }
+        if !invitation.automatic, let peer = peers[fingerprint]?.id {
+            emit(.invitationResult(id, peer: peer, final))
+        }
+    }
+
+    /// `fingerprint` is now a member: joins, announcements and invitations about it are settled.
+    mutating func becomeMember(_ fingerprint: Fingerprint) {
+        var record = peers[fingerprint]!
+        let pending = record.pendingJoin
+        record.isMember = true
+        record.joiningDeadline = nil
+        record.announcedDeadline = nil
+        record.pendingJoin = nil
+        record.lostReason = nil
+        record.autoRetryAt = nil
+        peers[fingerprint] = record
+        if let pending { replyToJoin(from: fingerprint, on: pending.link) }
+        if let own = record.outgoingInvitation { resolveOutgoing(own, .accepted) }
+        for id in incoming.filter({ $0.value.peer == fingerprint }).keys.sorted() {
+            let invitation = incoming[id]!
+            if invitation.state == .awaitingApp {
+                closedIncoming.insert(
+                    PeerLinkError(.invalidParameter, "\(id) from \(record.id) was accepted automatically: the peer is already connected"),
+                    for: id)
+                emit(.invitationCancelled(id, from: record.id, reason: .alreadyConnected))
+            }
+            incoming[id] = nil
+            answer(fingerprint, wireID: invitation.wireID, with: .accepted)
+        }
+    }
+
+    /// The pair's links are all gone (or the peer left): everything in progress with it ends.
+    mutating func lose(_ fingerprint: Fingerprint, reason: String) {
+        guard var record = peers[fingerprint] else { return }
+        let wasMember = record.isMember
+        record.isMember = false
+        record.joiningDeadline = nil
+        record.announcedDeadline = nil
+        record.pendingJoin = nil
+        record.expectingRoster = false
+        record.replacementDeadline = nil
+        record.outbox.removeAll()
+        record.signalled = false
+        record.lostReason = reason
+        if wasMember, isAutomatic { record.autoRetryAt = now }
+        peers[fingerprint] = record
+        for id in incoming.filter({ $0.value.peer == fingerprint }).keys.sorted() {
+            let invitation = incoming.removeValue(forKey: id)!
+            if invitation.state == .awaitingApp {
+                closedIncoming.insert(PeerLinkError(.cancelled, "\(id) from \(record.id) was cancelled: \(reason)"), for: id)
+                emit(.invitationCancelled(id, from: record.id, reason: .peerGone(reason)))
+            }
+        }
+        if let own = record.outgoingInvitation { resolveOutgoing(own, .failed(reason)) }
+        peers[fingerprint]!.lostReason = reason
+    }
+
+    // MARK: - Links
+
+    /// Closes `link` (the owner is told with `.closeLink`) and forgets it.
+    mutating func close(_ link: LinkID, code: GoAwayCode, reason: String) {
+        guard links[link] != nil else { return }
+        emit(.closeLink(link, code: code, reason: reason))
+        removeLink(link, code: code, reason: reason)
+    }
+
+    /// Forgets `link`. A pair left without links is lost, unless the link was closed as a
+    /// duplicate or the local dial to the peer is under way: then its replacement is awaited.
+    mutating func removeLink(_ link: LinkID, code: GoAwayCode, reason: String) {
+        guard let linkRecord = links.removeValue(forKey: link), var record = peers[linkRecord.peer] else { return }
+        record.links.removeAll { $0 == link }
+        if record.pendingJoin?.link == link { record.pendingJoin = nil }
+        guard record.links.isEmpty else {
+            peers[linkRecord.peer] = record
+            return
+        }
+        if code == .duplicateLink || record.dialing {
+            if record.replacementDeadline == nil { record.replacementDeadline = now + policy.replacementGrace }
+            peers[linkRecord.peer] = record
+            return
+        }
+        peers[linkRecord.peer] = record
+        if record.joiningDeadline != nil, !record.isMember {
+            emit(.joinRefused(record.id, code: code, reason: reason))
+        }
+        lose(linkRecord.peer, reason: reason)
+    }
+
+    /// The tie-break for duplicate links: keep the link dialled by the peer with the smaller
+    /// fingerprint. Each side decides from the same facts (who dialled which link), so both keep
+    /// the same one without exchanging anything. Of several links dialled by the local side, the
+    /// oldest is kept; several links dialled by the peer are the peer's to close.
+    mutating func collapseDuplicates(of fingerprint: Fingerprint) {
+        guard let record = peers[fingerprint] else { return }
+        let mine = record.links.filter { links[$0]!.dialedLocally }
+        let theirs = record.links.filter { !links[$0]!.dialedLocally }
+        var doomed = Array(mine.dropFirst())
+        let localIsSmaller = localPeer.fingerprint < fingerprint
+        if localIsSmaller, !mine.isEmpty { doomed += theirs }
+        if !localIsSmaller, !theirs.isEmpty { doomed += mine.prefix(1) }
+        let kept = localIsSmaller ? "this peer's" : "the peer's"
+        for link in doomed {
+            close(
+                link, code: .duplicateLink,
+                reason: "duplicate link with \(record.id): the link dialled by the smaller fingerprint (\(kept)) is kept")
+        }
+    }
+
+    /// The link queued frames to `record` go out on: a link dialled by the smaller fingerprint
+    /// if there is one; otherwise the oldest link, except that the side with the smaller
+    /// fingerprint holds its frames back while its own dial is under way (that link will win).
+    func sendLink(for record: PeerRecord) -> LinkID? {
+        let localIsSmaller = localPeer.fingerprint < record.id.fingerprint
+        if let preferred = record.links.first(where: { links[$0]!.dialedLocally == localIsSmaller }) { return preferred }
+        if localIsSmaller, record.dialing { return nil }
+        return record.links.first
+    }
+
+    // MARK: - Control messages
+
+    mutating func receive(_ message: ControlMessage, from fingerprint: Fingerprint, on link: LinkID) {
+        switch message {
+        case .invite(let wireID, let session, let timeout, let context):
+            receiveInvite(wireID, session: session, timeout: .milliseconds(Int64(timeout)), context: context, from: fingerprint)
+        case .accept(let wireID):
+            receiveAccept(wireID, from: fingerprint)
+        case .decline(let wireID, let reason):
+            receiveDecline(wireID, reason: reason, from: fingerprint)
+        case .members(let session, let members):
+            receiveMembers(members, session: session, from: fingerprint)
+        case .join(let session):
+            receiveJoin(session, from: fingerprint, on: link)
+        case .leave(let session):
+            guard session == sessionID, peers[fingerprint]!.isMember else { return }
+            peers[fingerprint]!.isMember = false
+            peers[fingerprint]!.autoBlocked = true
+            peers[fingerprint]!.outbox.removeAll()
+            peers[fingerprint]!.lostReason = "it left the session"
+        }
+    }
+
+    mutating func receiveInvite(_ wireID: UInt32, session: SessionID, timeout: Duration, context: [UInt8], from fingerprint: Fingerprint) {
+        let record = peers[fingerprint]!
+        // The same INVITE again (sent anew on a replacement link): the same answer again.
+        if let given = record.answer(for: wireID) {
+            answer(fingerprint, wireID: wireID, with: given)
+            return
+        }
+        if incoming.values.contains(where: { $0.peer == fingerprint && $0.wireID == wireID }) { return }
+        if record.isMember {
+            if session == sessionID {
+                answer(fingerprint, wireID: wireID, with: .accepted)
+                peers[fingerprint]!.expectingRoster = true
+            } else {
+                refuse(wireID, from: fingerprint, reason: .declined, detail: "it is connected already, in another session")
+            }
+            return
+        }
+        if isFullOfMembers(excluding: fingerprint) {
+            refuse(
+                wireID, from: fingerprint, reason: .sessionFull,
+                detail: "session is full: \(policy.maximumPeers) peers including this one")
+            return
+        }
+        if !canAdopt(session, excluding: fingerprint) {
+            refuse(wireID, from: fingerprint, reason: .declined, detail: "this peer is in another session with other members")
+            return
+        }
+        let id = InvitationID(nextInvitationNumber)
+        nextInvitationNumber = nextInvitationNumber == .max ? 1 : nextInvitationNumber + 1
+        var invitation = IncomingInvitation(
+            peer: fingerprint, wireID: wireID, session: session, context: context, deadline: now + timeout, state: .awaitingApp)
+        if record.outgoingInvitation != nil {
+            // Crossed invitations: the smaller fingerprint's invitation wins.
+            if localPeer.fingerprint < fingerprint {
+                invitation.state = .crossedWinner
+                incoming[id] = invitation
+            } else {
+                invitation.state = .awaitingRoom
+                incoming[id] = invitation
+                if hasRoom(excluding: fingerprint) { acceptIncoming(id) }
+            }
+            return
+        }
+        if isAutomatic {
+            invitation.state = .awaitingRoom
+            incoming[id] = invitation
+            if hasRoom(excluding: fingerprint) { acceptIncoming(id) }
+            return
+        }
+        incoming[id] = invitation
+        emit(.invitationReceived(id, from: record.id, context: context))
+    }
+
+    /// Declines without asking the app, and says so in a diagnostic event.
+    mutating func refuse(_ wireID: UInt32, from fingerprint: Fingerprint, reason: DeclineReason, detail: String) {
+        answer(fingerprint, wireID: wireID, with: .declined(reason))
+        emit(.invitationRefused(from: peers[fingerprint]!.id, reason: reason, detail: detail))
+    }
+
+    mutating func receiveAccept(_ wireID: UInt32, from fingerprint: Fingerprint) {
+        let id = InvitationID(wireID)
+        guard let invitation = outgoing[id], invitation.peer == fingerprint else {
+            // Too late: this side gave up on it, the invitee thinks it is in. Tell it otherwise.
+            let key = WireInvitationKey(peer: fingerprint, wireID: wireID)
+            if timedOutOutgoing[key] != nil, !peers[fingerprint]!.isMember {
+                timedOutOutgoing.remove(key)
+                peers[fingerprint]!.outbox.enqueue(.message(.leave(session: sessionID)))
+            } else if peers[fingerprint]!.isMember {
+                // Settled here some other way; the invitee still waits for its roster.
+                sendRoster(to: fingerprint)
+            }
+            return
+        }
+        let wasMember = peers[fingerprint]!.isMember
+        becomeMember(fingerprint)
+        // The roster for the newcomer, then the newcomer announced to every other member.
+        let others = sendRoster(to: fingerprint)
+        guard !wasMember else { return }
+        let newcomer = memberEntry(peers[fingerprint]!.id)
+        for member in others {
+            peers[member.fingerprint]!.outbox.enqueue(.message(.members(session: sessionID, members: [newcomer])))
+        }
+    }
+
+    /// Queues `MEMBERS` with every member but `fingerprint` for it; returns those members.
+    @discardableResult
+    mutating func sendRoster(to fingerprint: Fingerprint) -> [PeerID] {
+        let others = peers.values.filter { $0.isMember && $0.id.fingerprint != fingerprint }.map(\.id)
+            .sorted { $0.fingerprint < $1.fingerprint }
+        peers[fingerprint]!.outbox.enqueue(.message(.members(session: sessionID, members: others.map(memberEntry))))
+        return others
+    }
+
+    mutating func receiveDecline(_ wireID: UInt32, reason: DeclineReason, from fingerprint: Fingerprint) {
+        let id = InvitationID(wireID)
+        guard let invitation = outgoing[id], invitation.peer == fingerprint else { return }
+        switch reason {
+        case .crossed: outgoing[id]!.crossed = true
+        case .sessionFull: resolveOutgoing(id, .sessionFull)
+        case .timedOut: resolveOutgoing(id, .timedOut)
+        case .declined, .other: resolveOutgoing(id, .declined)
+        }
+    }
+
+    /// `MEMBERS`: from the inviter just after the local peer accepted, the roster (join every
+    /// member in it); from any member later, an announcement (let these newcomers join).
+    mutating func receiveMembers(_ members: [ControlMessage.Member], session: SessionID, from fingerprint: Fingerprint) {
+        guard peers[fingerprint]!.isMember else { return }
+        let isRoster = peers[fingerprint]!.expectingRoster
+        if isRoster {
+            peers[fingerprint]!.expectingRoster = false
+            if session != sessionID {
+                // The inviter moved to another session meanwhile; follow it while alone with it.
+                guard !isAutomatic, !peers.contains(where: { $0.key != fingerprint && $0.value.tiesSession }) else { return }
+                sessionID = session
+            }
+        } else if session != sessionID {
+            return
+        }
+        for member in members.sorted(by: { $0.fingerprint < $1.fingerprint }) where member.fingerprint != localPeer.fingerprint {
+            var record = peers[member.fingerprint] ?? PeerRecord(id: member.peerID)
+            guard !record.isMember else { continue }
+            if record.links.isEmpty { record.id = member.peerID }
+            let holdsPlace = record.holdsPlace
+            peers[member.fingerprint] = record
+            guard holdsPlace || hasRoom(excluding: member.fingerprint) else { continue }
+            peers[member.fingerprint]!.announcedDeadline = now + policy.joinTimeout
+            if isRoster {
+                peers[member.fingerprint]!.joiningDeadline = now + policy.joinTimeout
+                dialIfNeeded(member.fingerprint)
+            }
+        }
+    }
+
+    mutating func receiveJoin(_ session: SessionID, from fingerprint: Fingerprint, on link: LinkID) {
+        if peers[fingerprint]!.isMember {
+            replyToJoin(from: fingerprint, on: link)
+            return
+        }
+        guard session == sessionID else {
+            close(link, code: .protocolError, reason: "JOIN for session \(session), but this peer is in session \(sessionID)")
+            return
+        }
+        peers[fingerprint]!.pendingJoin = .init(link: link, deadline: now + policy.joinTimeout)
+        _ = settleJoin(of: fingerprint)
+    }
+
+    /// A waiting `JOIN`: accepted once the peer is announced (or the local peer joins it too, or
+    /// in automatic mode) and there is a place; refused with `GO_AWAY` *session full* when there
+    /// is no place. Returns whether it was settled.
+    mutating func settleJoin(of fingerprint: Fingerprint) -> Bool {
+        guard let record = peers[fingerprint], let pending = record.pendingJoin else { return false }
+        guard links[pending.link] != nil else {
+            peers[fingerprint]!.pendingJoin = nil
+            return true
+        }
+        if !record.holdsPlace, !hasRoom(excluding: fingerprint) || isFullOfMembers(excluding: fingerprint) {
+            peers[fingerprint]!.pendingJoin = nil
+            close(
+                pending.link, code: .sessionFull,
+                reason: "session is full: \(policy.maximumPeers) peers including this one are in or on their way in")
+            return true
+        }
+        let allowed = record.announcedDeadline != nil || record.joiningDeadline != nil || isAutomatic
+        guard allowed else { return false }
+        becomeMember(fingerprint)
+        return true
+    }
+
+    /// Answers a `JOIN` with one, unless this side sent a `JOIN` on that link already (then the
+    /// peer's was the answer) or one is queued.
+    mutating func replyToJoin(from fingerprint: Fingerprint, on link: LinkID) {
+        guard let linkRecord = links[link], !linkRecord.joinSent, !peers[fingerprint]!.outbox.contains(.join) else { return }
+        peers[fingerprint]!.outbox.enqueue(.join)
+    }
+
+    // MARK: - Settling
+
+    /// Run after every input: settles what waited for a place, makes automatic invitations,
+    /// picks each peer's send link (re-sending what a lost link may have swallowed), announces
+    /// ready links, and reports state changes.
+    mutating func settle() {
+        var rounds = 0
+        var changed = true
+        while changed, rounds < 64 {
+            changed = false
+            rounds += 1
+            for id in incoming.keys.sorted() {
+                guard let invitation = incoming[id], invitation.state == .awaitingRoom else { continue }
+                if isFullOfMembers(excluding: invitation.peer) {
+                    declineIncoming(id, reason: .sessionFull)
+                    emit(
+                        .invitationRefused(
+                            from: peers[invitation.peer]!.id, reason: .sessionFull,
+                            detail: "session is full: \(policy.maximumPeers) peers including this one"))
+                    changed = true
+                } else if hasRoom(excluding: invitation.peer) {
+                    acceptIncoming(id)
+                    changed = true
+                }
+            }
+            for fingerprint in peers.keys.sorted() where peers[fingerprint]!.pendingJoin != nil {
+                if settleJoin(of: fingerprint) { changed = true }
+            }
+            if isAutomatic {
+                for fingerprint in peers.keys.sorted() where fingerprint > localPeer.fingerprint {
+                    let record = peers[fingerprint]!
+                    guard record.found, !record.autoBlocked, !record.holdsPlace, record.pendingJoin == nil,
+                        record.replacementDeadline == nil, !incoming.values.contains(where: { $0.peer == fingerprint }),
+                        record.autoRetryAt.map({ now >= $0 }) ?? true, hasRoom(excluding: fingerprint)
+                    else { continue }
+                    peers[fingerprint]!.autoRetryAt = nil
+                    _ = startInvitation(to: fingerprint, context: [], timeout: policy.invitationTimeout, automatic: true)
+                    changed = true
+                }
+            }
+        }
+        for fingerprint in peers.keys.sorted() { pump(fingerprint) }
+        for fingerprint in peers.keys.sorted() {
+            var record = peers[fingerprint]!
+            if hasBusiness(record) { record.purposeAt = now }
+            let state = derivedState(record)
+            if state != record.reported {
+                record.reported = state
+                let reason = state == .notConnected ? (record.lostReason ?? "no longer in the session") : nil
+                emit(.peerStateChanged(record.id, state, reason: reason))
+            }
+            record.lostReason = nil
+            peers[fingerprint] = record
+        }
+    }
+
+    /// Picks the peer's send link. When it changes, partly sent messages begin again on the new
+    /// one, and an `INVITE` or `JOIN` that went out on a link now gone is sent again.
+    mutating func pump(_ fingerprint: Fingerprint) {
+        var record = peers[fingerprint]!
+        let chosen = sendLink(for: record)
+        if chosen != record.sendLink {
+            record.outbox.restartMessages()
+            record.sendLink = chosen
+            record.signalled = false
+        }
+        guard let link = chosen else {
+            peers[fingerprint] = record
+            return
+        }
+        if let own = record.outgoingInvitation, let invitation = outgoing[own], !invitation.crossed,
+            invitation.sentOn.map({ links[$0] == nil }) ?? false, !record.outbox.contains(.invite(own))
+        {
+            record.outbox.enqueue(.invite(own))
+        }
+        if record.joiningDeadline != nil, !record.isMember, !links[link]!.joinSent, !record.outbox.contains(.join) {
+            record.outbox.enqueue(.join)
+        }
+        if !record.outbox.isEmpty, !record.signalled {
+            record.signalled = true
+            emit(.framesReady(link))
+        }
+        peers[fingerprint] = record
+    }
+}

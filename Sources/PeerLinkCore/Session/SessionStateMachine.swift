@@ -1,0 +1,568 @@
+/// The session logic of one local peer, MultipeerConnectivity-style, as a pure state machine:
+/// invitations with context and timeout, a full mesh of up to 8 peers, the tie-break for
+/// duplicate links and crossed invitations, automatic mode, and reliable and unreliable
+/// messages.
+///
+/// It does no I/O and reads no clock. Its owner feeds it inputs — app calls, discovery,
+/// established and closed links, received frames, the time — and carries out the
+/// ``SessionAction``s each input returns, in order. Outgoing frames are pulled, one at a time,
+/// with ``nextFrame(for:)`` after a ``SessionAction/framesReady(_:)``.
+///
+/// ```swift
+/// var session = try SessionStateMachine(localPeer: me, serviceType: chat)
+/// var (invitation, actions) = try session.invite(bob, endpoints: bobEndpoints, at: now)
+/// perform(actions)                                    // .dial(bob, …)
+/// // link up:          perform(session.linkEstablished(link, peer: bob, dialedLocally: true, at: now))
+/// // frames ready:     while let frame = session.nextFrame(for: link) { write(frame) }
+/// // frame received:   perform(session.frameReceived(frame, on: link, at: now))
+/// // link gone:        perform(session.linkClosed(link, code: code, reason: reason, at: now))
+/// // timer:            perform(session.tick(at: now)); sleep until session.nextDeadline
+/// ```
+///
+/// Links are named by the owner (``LinkID``) and reach the state machine only once established:
+/// the peer is authenticated (its fingerprint proven by the handshake). The owner runs each link's
+/// own protocol (``LinkStateMachine``: keep-alive, `PING`, `GO_AWAY`) and passes the frames it
+/// surfaces; `PING`, `DATA` and `WINDOW_UPDATE` frames are not the session's business and are
+/// ignored here.
+///
+/// The rules, in short (the *Sessions* article has them in full):
+///
+/// - **Places.** A session holds at most ``SessionPolicy/maximumPeers`` peers including the local
+///   one. A place is held by every member and by every peer on its way in (an invitation out, a
+///   join under way, an announced newcomer). Inviting with no place left throws; an `INVITE`
+///   arriving when the members alone fill the session is declined *session full*; a `JOIN` that
+///   finds no place closes its link with `GO_AWAY` *session full*.
+/// - **Invitations.** `INVITE` → the app answers → `ACCEPT` / `DECLINE`. The invitee's clock
+///   starts when the `INVITE` arrives and runs for the timeout it carries; on expiry it answers
+///   `DECLINE` *timed out*, and answering later throws. The inviter waits for the timeout plus
+///   ``SessionPolicy/responseGrace``. An `ACCEPT` arriving after that is answered with `LEAVE`.
+/// - **Mesh.** When an invitee accepts, the inviter sends it `MEMBERS` with the other members (the
+///   roster) and sends each other member `MEMBERS` announcing the newcomer. The newcomer dials
+///   every member it has no link to (``SessionAction/dial(_:endpoints:)`` with no endpoints: the
+///   owner resolves them through discovery) and sends `JOIN`; a member accepts a `JOIN` from an
+///   announced peer (a `JOIN` that arrives before its announcement waits for it) and answers
+///   with its own `JOIN`, which makes the newcomer count the member as connected.
+/// - **Duplicate links.** When a pair has links dialled from both sides, the link dialled by the
+///   peer with the smaller fingerprint is kept and the others are closed with `GO_AWAY` 9 —
+///   both sides decide alone and alike. The side with the smaller fingerprint sends nothing on
+///   the other side's link while its own dial is under way, so nothing it sends is lost; what
+///   the other side sent on a link that is then closed (an `INVITE`, a `JOIN`) is sent again on
+///   the kept one. A pair's state does not change when one of its links is closed as a
+///   duplicate; a peer that receives `GO_AWAY` 9 on its last link waits
+///   ``SessionPolicy/replacementGrace`` for the other.
+/// - **Crossed invitations.** When two peers invite each other, the invitation of the peer with
+///   the smaller fingerprint wins. The loser accepts it without asking its app (it wanted the
+///   peer, too) and reports its own invitation as accepted; the winner answers the loser's
+///   `INVITE` with `DECLINE` *crossed* once its own invitation is accepted. If the loser cannot
+///   accept (its session is full, or it is in another session), the winner accepts the loser's
+///   invitation instead.
+/// - **Automatic mode.** Every found peer with a greater fingerprint is invited, every `INVITE`
+///   and `JOIN` into the automatic session (``SessionID/automatic(for:)``) is accepted while
+///   there is room; an automatic `INVITE` that finds every place taken, some only by peers on
+///   their way in, waits for those to settle.
+public struct SessionStateMachine: Sendable {
+    /// The local peer.
+    public let localPeer: PeerID
+    public let serviceType: ServiceType
+    public let policy: SessionPolicy
+    /// The session the local peer is in: given (or random) at first, the inviter's once the
+    /// local peer accepts an invitation while it has no members, the automatic session in
+    /// automatic mode.
+    public internal(set) var sessionID: SessionID
+    /// Whether automatic mode is on (``SessionPolicy/automatic``, until ``disconnect(at:)``).
+    public internal(set) var isAutomatic: Bool
+    /// Unreliable messages dropped on the way out: too large, or their lane was full.
+    public internal(set) var droppedDatagrams = 0
+    /// Messages received from peers that are not members, dropped.
+    public internal(set) var ignoredMessages = 0
+
+    var now: Duration = .zero
+    var peers: [Fingerprint: PeerRecord] = [:]
+    var links: [LinkID: LinkRecord] = [:]
+    var outgoing: [InvitationID: OutgoingInvitation] = [:]
+    var incoming: [InvitationID: IncomingInvitation] = [:]
+    /// Why an incoming invitation that is gone can no longer be answered.
+    var closedIncoming = BoundedMemory<InvitationID, PeerLinkError>(capacity: 64)
+    /// Invitations that timed out here: an `ACCEPT` for one is answered with `LEAVE`.
+    var timedOutOutgoing = BoundedMemory<WireInvitationKey, Bool>(capacity: 64)
+    var nextInvitationNumber: UInt32 = 1
+    var nextLinkOrder = 0
+    var actions: [SessionAction] = []
+
+    /// - Parameters:
+    ///   - localPeer: who the local peer is (its fingerprint decides every tie-break).
+    ///   - serviceType: the service; in automatic mode it names the session.
+    ///   - policy: limits and timeouts; validated.
+    ///   - sessionID: the session to start with; by default a random one, or the automatic
+    ///     session in automatic mode (which always uses the automatic session).
+    /// - Throws: a ``PeerLinkError`` (`invalidParameter`) for a policy out of range.
+    public init(
+        localPeer: PeerID, serviceType: ServiceType, policy: SessionPolicy = .default, sessionID: SessionID? = nil
+    ) throws(PeerLinkError) {
+        try policy.validate()
+        self.localPeer = localPeer
+        self.serviceType = serviceType
+        self.policy = policy
+        isAutomatic = policy.automatic
+        self.sessionID = policy.automatic ? .automatic(for: serviceType) : (sessionID ?? .random())
+    }
+
+    // MARK: - What the app and the owner read
+
+    /// The state of `peer` in the session.
+    public func state(of peer: PeerID) -> PeerState {
+        peers[peer.fingerprint].map(derivedState) ?? .notConnected
+    }
+
+    /// The members, by fingerprint.
+    public var connectedPeers: [PeerID] {
+        peers.values.filter(\.isMember).map(\.id).sorted { $0.fingerprint < $1.fingerprint }
+    }
+
+    /// The established links to `peer`, oldest first.
+    public func links(to peer: PeerID) -> [LinkID] {
+        peers[peer.fingerprint]?.links ?? []
+    }
+
+    /// The peer at the other end of `link`, if the link is known.
+    public func peer(on link: LinkID) -> PeerID? {
+        links[link].flatMap { peers[$0.peer]?.id }
+    }
+
+    /// The invitations shown to the app and not answered yet, oldest first.
+    public var invitationsAwaitingAnswer: [InvitationID] {
+        incoming.filter { $0.value.state == .awaitingApp }.keys.sorted()
+    }
+
+    /// Every established link.
+    public var allLinks: [LinkID] { links.keys.sorted() }
+
+    /// Bytes of reliable messages received in part on `link`.
+    public func bufferedMessageBytes(on link: LinkID) -> Int {
+        links[link]?.reassembly.bufferedBytes ?? 0
+    }
+
+    /// When ``tick(at:)`` has something to do next, or nil.
+    public var nextDeadline: Duration? {
+        var deadlines: [Duration] = []
+        for invitation in outgoing.values {
+            deadlines.append(invitation.sentOn == nil ? invitation.deadline : invitation.deadline + policy.responseGrace)
+        }
+        deadlines += incoming.values.map(\.deadline)
+        for record in peers.values {
+            deadlines += [record.replacementDeadline, record.joiningDeadline, record.announcedDeadline, record.pendingJoin?.deadline]
+                .compactMap { $0 }
+            if let idle = idleDeadline(record) { deadlines.append(idle) }
+            if isAutomatic, let retry = record.autoRetryAt, retry > now { deadlines.append(retry) }
+        }
+        return deadlines.min()
+    }
+
+    // MARK: - The app
+
+    /// Invites `peer` into the session. Dials it first when there is no link to it yet.
+    ///
+    /// - Parameters:
+    ///   - peer: the peer to invite.
+    ///   - endpoints: where the peer can be reached (passed on in ``SessionAction/dial(_:endpoints:)``).
+    ///   - context: shown to the invitee's app, at most 8192 bytes.
+    ///   - timeout: how long the invitee has to answer (``SessionPolicy/invitationTimeout`` by default).
+    ///   - time: now.
+    /// - Returns: the invitation, whose end is reported with ``SessionEvent/invitationResult(_:peer:_:)``,
+    ///   and the actions. If `peer` had already invited the local peer and waits for an answer,
+    ///   the two invitations crossed: see the tie-break.
+    /// - Throws: a ``PeerLinkError``: `invalidParameter` (the local peer itself, a context over
+    ///   8192 bytes, a timeout out of range, a peer already connected or already invited),
+    ///   `unavailable` (the session is full).
+    public mutating func invite(
+        _ peer: PeerID, endpoints: [Endpoint] = [], context: [UInt8] = [], timeout: Duration? = nil, at time: Duration
+    ) throws(PeerLinkError) -> (InvitationID, [SessionAction]) {
+        advance(to: time)
+        let fingerprint = peer.fingerprint
+        guard fingerprint != localPeer.fingerprint else {
+            throw PeerLinkError(.invalidParameter, "a peer cannot invite itself (\(peer))")
+        }
+        guard context.count <= WireFormat.maxContextLength else {
+            throw PeerLinkError(
+                .invalidParameter,
+                "an invitation's context is at most \(WireFormat.maxContextLength) bytes; this one is \(context.count)")
+        }
+        let timeout = timeout ?? policy.invitationTimeout
+        guard timeout > .zero, milliseconds(timeout) < UInt32.max else {
+            throw PeerLinkError(.invalidParameter, "an invitation's timeout must be between 1 ms and about 49 days")
+        }
+        var record = peers[fingerprint] ?? PeerRecord(id: peer)
+        if !endpoints.isEmpty { record.endpoints = endpoints }
+        guard !record.isMember else {
+            throw PeerLinkError(.invalidParameter, "\(peer) is already connected")
+        }
+        guard record.outgoingInvitation == nil else {
+            throw PeerLinkError(.invalidParameter, "an invitation to \(peer) is already waiting for an answer")
+        }
+        guard hasRoom(excluding: fingerprint) else {
+            throw PeerLinkError(
+                .unavailable,
+                "session is full: \(policy.maximumPeers) peers including this one are connected or on their way in, "
+                    + "the most this session holds (MultipeerConnectivity allows at most \(SessionPolicy.largestSession))")
+        }
+        peers[fingerprint] = record
+        let id = startInvitation(to: fingerprint, context: context, timeout: timeout, automatic: false)
+
+        // The peer is already waiting for this app's answer to its own invitation: crossed.
+        if let waiting = incoming.filter({ $0.value.peer == fingerprint && $0.value.state == .awaitingApp }).keys.min() {
+            closedIncoming.insert(
+                PeerLinkError(.invalidParameter, "\(waiting) from \(peer) was settled when this peer invited it in turn"),
+                for: waiting)
+            emit(.invitationCancelled(waiting, from: peers[fingerprint]!.id, reason: .crossed))
+            if localPeer.fingerprint < fingerprint {
+                incoming[waiting]?.state = .crossedWinner
+            } else if canAdopt(incoming[waiting]!.session, excluding: fingerprint) {
+                acceptIncoming(waiting)
+            } else {
+                incoming[waiting]?.state = .crossedWinner
+            }
+        }
+        settle()
+        return (id, takeActions())
+    }
+
+    /// Answers an invitation shown with ``SessionEvent/invitationReceived(_:from:context:)``.
+    ///
+    /// Accepting adopts the inviter's session when the local peer has no members yet.
+    /// - Throws: a ``PeerLinkError``: `timedOut` (the invitation expired), `invalidParameter`
+    ///   (no such invitation waiting, or it was settled otherwise), `unavailable` (accepting
+    ///   when the session is full or the local peer is in another session: the inviter is told
+    ///   `DECLINE`).
+    public mutating func respond(to invitation: InvitationID, accept: Bool, at time: Duration) throws(PeerLinkError) -> [SessionAction] {
+        advance(to: time)
+        guard let waiting = incoming[invitation], waiting.state == .awaitingApp else {
+            if let reason = closedIncoming[invitation] { throw reason }
+            throw PeerLinkError(.invalidParameter, "no \(invitation) is waiting for an answer")
+        }
+        let peer = peers[waiting.peer]!.id
+        if accept {
+            if !canAdopt(waiting.session, excluding: waiting.peer) {
+                declineIncoming(invitation, reason: .declined)
+                settle()
+                throw PeerLinkError(
+                    .unavailable,
+                    "cannot accept \(invitation) from \(peer): this peer is in another session with other members; disconnect first")
+            }
+            if !hasRoom(excluding: waiting.peer) {
+                declineIncoming(invitation, reason: .sessionFull)
+                settle()
+                throw PeerLinkError(
+                    .unavailable, "session is full: cannot accept \(invitation) from \(peer) with \(policy.maximumPeers) peers already in")
+            }
+            acceptIncoming(invitation)
+        } else {
+            declineIncoming(invitation, reason: .declined)
+        }
+        settle()
+        return takeActions()
+    }
+
+    /// Sends `data` to every peer in `peers`, reliably (ordered, chunked, reassembled, up to
+    /// 16 MiB) or not (one `DATAGRAM`, at most 16384 bytes, may be dropped).
+    ///
+    /// As in MultipeerConnectivity, the call fails as a whole when any target is not connected:
+    /// nothing is sent to anyone.
+    ///
+    /// Reliable messages to one peer are delivered exactly once, each whole. Their chunks are
+    /// interleaved round-robin, so a small message sent after a large one arrives first; messages
+    /// no larger than the ones sent after them arrive in the order sent.
+    /// - Throws: a ``PeerLinkError``: `notConnected`, or `invalidParameter` (no peers, the local
+    ///   peer, too large — a too large unreliable message is also counted in ``droppedDatagrams``).
+    public mutating func send(_ data: [UInt8], to targets: [PeerID], reliable: Bool = true) throws(PeerLinkError) -> [SessionAction] {
+        guard !targets.isEmpty else { throw PeerLinkError(.invalidParameter, "a message needs at least one peer to go to") }
+        var fingerprints: [Fingerprint] = []
+        for target in targets where !fingerprints.contains(target.fingerprint) {
+            guard target.fingerprint != localPeer.fingerprint else {
+                throw PeerLinkError(.invalidParameter, "a peer cannot send a message to itself")
+            }
+            guard peers[target.fingerprint]?.isMember == true else {
+                throw PeerLinkError(.notConnected, "\(target) is not connected; nothing was sent")
+            }
+            fingerprints.append(target.fingerprint)
+        }
+        if reliable {
+            guard data.count <= WireFormat.maxMessageLength else {
+                throw PeerLinkError(
+                    .invalidParameter,
+                    "a message is at most \(WireFormat.maxMessageLength) bytes (16 MiB); this one is \(data.count). "
+                        + "Send a resource or a stream instead")
+            }
+            for fingerprint in fingerprints { peers[fingerprint]!.outbox.enqueueMessage(data) }
+        } else {
+            guard data.count <= WireFormat.maxFramePayload else {
+                droppedDatagrams += 1
+                throw PeerLinkError(
+                    .invalidParameter,
+                    "an unreliable message is at most \(WireFormat.maxFramePayload) bytes; this one (\(data.count)) was dropped")
+            }
+            for fingerprint in fingerprints
+            where !peers[fingerprint]!.outbox.enqueueDatagram(data, limit: policy.maximumQueuedDatagrams) {
+                droppedDatagrams += 1
+            }
+        }
+        settle()
+        return takeActions()
+    }
+
+    /// Leaves the session: `GO_AWAY` code 0 on every link, every peer `notConnected`, invitations
+    /// ended. Automatic mode is turned off (``resumeAutomatic(at:)`` turns it on again).
+    public mutating func disconnect(at time: Duration) -> [SessionAction] {
+        advance(to: time)
+        for link in links.keys.sorted() {
+            emit(.closeLink(link, code: .normal, reason: "\(localPeer.displayName) left the session"))
+        }
+        links.removeAll()
+        isAutomatic = false
+        let reason = "the local peer left the session"
+        for id in incoming.keys.sorted() {
+            let invitation = incoming.removeValue(forKey: id)!
+            if invitation.state == .awaitingApp {
+                closedIncoming.insert(PeerLinkError(.cancelled, "\(id) was cancelled: \(reason)"), for: id)
+                emit(.invitationCancelled(id, from: peers[invitation.peer]!.id, reason: .disconnected))
+            }
+        }
+        for id in outgoing.keys.sorted() { resolveOutgoing(id, .failed(reason)) }
+        for fingerprint in peers.keys.sorted() {
+            var record = peers[fingerprint]!
+            record.isMember = false
+            record.dialing = false
+            record.links = []
+            record.sendLink = nil
+            record.signalled = false
+            record.outbox.removeAll()
+            record.replacementDeadline = nil
+            record.joiningDeadline = nil
+            record.announcedDeadline = nil
+            record.pendingJoin = nil
+            record.expectingRoster = false
+            record.lostReason = reason
+            peers[fingerprint] = record
+        }
+        settle()
+        return takeActions()
+    }
+
+    /// Turns automatic mode on again after ``disconnect(at:)`` (when the policy asks for it):
+    /// the automatic session, and invitations to the found peers.
+    public mutating func resumeAutomatic(at time: Duration) -> [SessionAction] {
+        advance(to: time)
+        if policy.automatic, !isAutomatic {
+            isAutomatic = true
+            sessionID = .automatic(for: serviceType)
+        }
+        settle()
+        return takeActions()
+    }
+
+    // MARK: - Discovery
+
+    /// Discovery found `peer` (or it is back). Automatic mode invites it if its fingerprint is
+    /// greater than the local one. `endpoints` are kept for dialling it.
+    public mutating func peerFound(_ peer: PeerID, endpoints: [Endpoint] = [], at time: Duration) -> [SessionAction] {
+        advance(to: time)
+        guard peer.fingerprint != localPeer.fingerprint else { return takeActions() }
+        var record = peers[peer.fingerprint] ?? PeerRecord(id: peer)
+        record.found = true
+        record.autoBlocked = false
+        if !endpoints.isEmpty { record.endpoints = endpoints }
+        peers[peer.fingerprint] = record
+        settle()
+        return takeActions()
+    }
+
+    /// Discovery lost `peer`. Its links and membership are not touched (a link's keep-alive
+    /// decides when it is dead); automatic mode stops inviting it.
+    public mutating func peerLost(_ peer: PeerID, at time: Duration) -> [SessionAction] {
+        advance(to: time)
+        if var record = peers[peer.fingerprint] {
+            record.found = false
+            record.autoBlocked = false
+            record.autoRetryAt = nil
+            peers[peer.fingerprint] = record
+        }
+        settle()
+        return takeActions()
+    }
+
+    // MARK: - Links
+
+    /// A link to `peer` is established (the peer is authenticated). `dialedLocally` says whether
+    /// the local side opened it — it answers a ``SessionAction/dial(_:endpoints:)`` to that peer.
+    public mutating func linkEstablished(_ link: LinkID, peer: PeerID, dialedLocally: Bool, at time: Duration) -> [SessionAction] {
+        advance(to: time)
+        guard links[link] == nil else { return takeActions() }
+        guard peer.fingerprint != localPeer.fingerprint else {
+            emit(.closeLink(link, code: .internalError, reason: "a link from this peer to itself"))
+            return takeActions()
+        }
+        var record = peers[peer.fingerprint] ?? PeerRecord(id: peer)
+        record.id = peer
+        if dialedLocally { record.dialing = false }
+        record.links.append(link)
+        record.replacementDeadline = nil
+        peers[peer.fingerprint] = record
+        links[link] = LinkRecord(peer: peer.fingerprint, dialedLocally: dialedLocally, order: nextLinkOrder, establishedAt: now)
+        nextLinkOrder += 1
+        collapseDuplicates(of: peer.fingerprint)
+        settle()
+        return takeActions()
+    }
+
+    /// A ``SessionAction/dial(_:endpoints:)`` to `peer` failed.
+    public mutating func dialFailed(_ peer: PeerID, reason: String, at time: Duration) -> [SessionAction] {
+        advance(to: time)
+        if var record = peers[peer.fingerprint], record.dialing {
+            record.dialing = false
+            peers[peer.fingerprint] = record
+            if record.links.isEmpty { lose(peer.fingerprint, reason: "could not reach \(peer): \(reason)") }
+        }
+        settle()
+        return takeActions()
+    }
+
+    /// `link` is over (the peer's `GO_AWAY`, the end of its stream, a keep-alive timeout, an
+    /// error). Links the state machine closed itself are forgotten already and ignored here.
+    public mutating func linkClosed(_ link: LinkID, code: GoAwayCode, reason: String, at time: Duration) -> [SessionAction] {
+        advance(to: time)
+        removeLink(link, code: code, reason: "link closed, code \(code): \(reason)")
+        settle()
+        return takeActions()
+    }
+
+    /// A frame from the peer on `link`.
+    public mutating func frameReceived(_ frame: Frame, on link: LinkID, at time: Duration) -> [SessionAction] {
+        advance(to: time)
+        guard let record = links[link] else { return takeActions() }
+        let fingerprint = record.peer
+        switch frame {
+        case .control(let message):
+            receive(message, from: fingerprint, on: link)
+        case .message(let id, let flags, let chunk):
+            switch links[link]!.reassembly.add(id: id, flags: flags, chunk: chunk) {
+            case .incomplete:
+                break
+            case .complete(let bytes):
+                if peers[fingerprint]!.isMember {
+                    emit(.event(.messageReceived(peers[fingerprint]!.id, bytes, reliable: true)))
+                } else {
+                    ignoredMessages += 1
+                }
+            case .tooLarge(let size):
+                close(
+                    link, code: .protocolError,
+                    reason: "message \(id) is over \(size - chunk.count) bytes and growing; "
+                        + "a message is at most \(WireFormat.maxMessageLength) bytes (16 MiB)")
+            }
+        case .datagram(let bytes):
+            if peers[fingerprint]!.isMember {
+                emit(.event(.messageReceived(peers[fingerprint]!.id, bytes, reliable: false)))
+            } else {
+                ignoredMessages += 1
+            }
+        case .goAway(let code, let reason):
+            removeLink(link, code: code, reason: "link closed by the peer, code \(code): \(reason)")
+        case .ping, .data, .windowUpdate:
+            break
+        }
+        settle()
+        return takeActions()
+    }
+
+    /// The next frame to write on `link`, or nil when nothing waits for it (then the next
+    /// ``SessionAction/framesReady(_:)`` says when there is). Control messages first, then
+    /// unreliable messages, then chunks of reliable messages round-robin.
+    public mutating func nextFrame(for link: LinkID) -> Frame? {
+        guard let linkRecord = links[link], var record = peers[linkRecord.peer], record.sendLink == link else { return nil }
+        defer { peers[linkRecord.peer] = record }
+        while let control = record.outbox.takeControl() {
+            switch control {
+            case .invite(let id):
+                guard var invitation = outgoing[id] else { continue }
+                invitation.sentOn = link
+                outgoing[id] = invitation
+                let remaining = max(invitation.deadline - now, .milliseconds(1))
+                return .control(
+                    .invite(
+                        invitation: id.rawValue, session: sessionID, timeoutMilliseconds: UInt32(clamping: milliseconds(remaining)),
+                        context: invitation.context))
+            case .join:
+                links[link]!.joinSent = true
+                return .control(.join(session: sessionID))
+            case .message(let message):
+                return .control(message)
+            }
+        }
+        if let datagram = record.outbox.takeDatagram() { return .datagram(datagram) }
+        var nextID = linkRecord.nextMessageID
+        if let chunk = record.outbox.takeChunk(nextID: &nextID) {
+            links[link]!.nextMessageID = nextID
+            return chunk
+        }
+        record.signalled = false
+        return nil
+    }
+
+    // MARK: - Time
+
+    /// Fires what is due at `time`: invitation timeouts (both sides), joins that took too long,
+    /// duplicate links never replaced, idle links, automatic retries.
+    public mutating func tick(at time: Duration) -> [SessionAction] {
+        advance(to: time)
+        for id in outgoing.keys.sorted() {
+            guard let invitation = outgoing[id] else { continue }
+            let limit = invitation.sentOn == nil ? invitation.deadline : invitation.deadline + policy.responseGrace
+            if now >= limit {
+                timedOutOutgoing.insert(true, for: WireInvitationKey(peer: invitation.peer, wireID: id.rawValue))
+                resolveOutgoing(id, .timedOut)
+            }
+        }
+        for id in incoming.keys.sorted() {
+            guard let invitation = incoming[id], now >= invitation.deadline else { continue }
+            let peer = peers[invitation.peer]!.id
+            if invitation.state == .awaitingApp {
+                closedIncoming.insert(
+                    PeerLinkError(.timedOut, "\(id) from \(peer) timed out; it can no longer be answered"), for: id)
+                emit(.invitationCancelled(id, from: peer, reason: .timedOut))
+            }
+            declineIncoming(id, reason: .timedOut)
+        }
+        for fingerprint in peers.keys.sorted() {
+            guard var record = peers[fingerprint] else { continue }
+            if let deadline = record.replacementDeadline, now >= deadline, record.links.isEmpty {
+                record.replacementDeadline = nil
+                peers[fingerprint] = record
+                lose(fingerprint, reason: "its link was closed as a duplicate and no other link came")
+                record = peers[fingerprint]!
+            }
+            if let deadline = record.joiningDeadline, now >= deadline, !record.isMember {
+                record.joiningDeadline = nil
+                record.lostReason = "joining it took longer than \(WireText.seconds(policy.joinTimeout))"
+                emit(.event(.joinRefused(record.id, code: nil, reason: record.lostReason!)))
+            }
+            if let deadline = record.announcedDeadline, now >= deadline, !record.isMember {
+                record.announcedDeadline = nil
+                record.lostReason = "it was announced but did not join within \(WireText.seconds(policy.joinTimeout))"
+            }
+            peers[fingerprint] = record
+            if let pending = record.pendingJoin, now >= pending.deadline {
+                peers[fingerprint]!.pendingJoin = nil
+                close(
+                    pending.link, code: .protocolError,
+                    reason: "JOIN from \(record.id), whom no member announced within \(WireText.seconds(policy.joinTimeout))")
+            }
+        }
+        for fingerprint in peers.keys.sorted() {
+            guard let record = peers[fingerprint], let deadline = idleDeadline(record), now >= deadline else { continue }
+            for link in record.links {
+                close(link, code: .normal, reason: "no session business with \(record.id) for \(WireText.seconds(policy.idleLinkTimeout))")
+            }
+        }
+        settle()
+        return takeActions()
+    }
+}

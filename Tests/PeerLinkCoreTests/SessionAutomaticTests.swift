@@ -1,0 +1,96 @@
+import PeerLinkCore
+import Testing
+
+@Suite("Session: automatic mode converges to one full mesh")
+struct SessionAutomaticTests {
+    static let automatic = SessionPolicy(automatic: true)
+    static let names = (1...9).map { "peer\($0)" }
+
+    @Test(arguments: Array(1...12) as [UInt64])
+    func eightPeersStartedAtOnceFormOneFullMeshAndStayInIt(seed: UInt64) throws {
+        var net = try SessionNet(Array(Self.names.prefix(8)), policy: Self.automatic, seed: seed)
+        net.discoverEveryone()
+        net.run()
+
+        for node in net.nodes.indices {
+            #expect(net.connected(node) == Set(net.nodes.indices).subtracting([node]), "peer \(node): \(net.connected(node))")
+            #expect(net.notConnectedEvents(node) == 0, "peer \(node) reported a peer not connected while converging")
+            #expect(net.machine(node).sessionID == .automatic(for: sessionTestService))
+            for other in net.nodes.indices where other > node {
+                #expect(net.liveLinks(between: node, and: other) == 1, "peers \(node) and \(other) keep exactly one link")
+            }
+        }
+        #expect(net.now < .seconds(10), "converged in \(net.now) of virtual time")
+
+        // 30 s more, the owners ticking every second: nothing changes.
+        let eventCounts = net.nodes.map(\.events.count)
+        net.advance(by: .seconds(30), tickEvery: .seconds(1))
+        for node in net.nodes.indices {
+            #expect(net.connected(node).count == 7)
+            #expect(net.notConnectedEvents(node) == 0)
+            #expect(net.nodes[node].events.count == eventCounts[node], "peer \(node) reported something during the quiet 30 s")
+        }
+        #expect(net.drops().isEmpty)
+    }
+
+    /// Over all seeds the simulation did make both peers of a pair dial each other at once (the
+    /// duplicate-link tie-break ran), so convergence above is not luck of a gentle order.
+    @Test func theConvergenceRunsDoExerciseDuplicateLinks() throws {
+        var duplicates = 0
+        for seed in 1...12 as ClosedRange<UInt64> {
+            var net = try SessionNet(Array(Self.names.prefix(8)), policy: Self.automatic, seed: seed)
+            net.discoverEveryone()
+            net.run()
+            duplicates += net.closes.filter { $0.code == .duplicateLink }.count
+            #expect(net.closes.allSatisfy { $0.code == .duplicateLink }, "no other link was ever closed")
+        }
+        #expect(duplicates > 0)
+    }
+
+    /// Nine automatic peers, eight places per session: nobody exceeds 7 connected peers, every
+    /// connection is mutual, nobody connected is ever dropped, somebody is refused with
+    /// *session full*, and the result is maximal — two peers that are not connected cannot both
+    /// have room. Since 9 × 7 is odd, at least one peer ends with fewer than 7.
+    @Test(arguments: Array(1...12) as [UInt64])
+    func ninePeersNeverOverfillAndTheOddOneOutIsRefused(seed: UInt64) throws {
+        var net = try SessionNet(Self.names, policy: Self.automatic, seed: seed)
+        net.discoverEveryone()
+        net.run()
+        net.advance(by: .seconds(120), tickEvery: .seconds(1))
+
+        let counts = net.nodes.indices.map { net.connected($0).count }
+        for node in net.nodes.indices {
+            #expect(counts[node] <= 7)
+            for other in net.connected(node) { #expect(net.connected(other).contains(node), "\(node)–\(other) is not mutual") }
+            for other in net.nodes.indices where other > node && !net.connected(node).contains(other) {
+                #expect(counts[node] == 7 || counts[other] == 7, "\(node) (\(counts[node])) and \(other) (\(counts[other])) both have room")
+            }
+        }
+        #expect(counts.contains { $0 < 7 })
+        let refusedFull =
+            net.controlLog.contains { if case .decline(_, .sessionFull) = $0.message { return true } else { return false } }
+            || net.closes.contains { $0.code == .sessionFull }
+        #expect(refusedFull)
+        #expect(net.drops().isEmpty, "drops: \(net.drops())")
+
+        // And it stays that way.
+        let before = net.nodes.indices.map(net.connected)
+        net.advance(by: .seconds(60), tickEvery: .seconds(1))
+        #expect(net.nodes.indices.map(net.connected) == before)
+        #expect(net.drops().isEmpty)
+    }
+
+    @Test func automaticPeersInviteOnlyGreaterFingerprints() throws {
+        var net = try SessionNet(["x", "y"], policy: Self.automatic)
+        let (small, large) = net.peer(0).fingerprint < net.peer(1).fingerprint ? (0, 1) : (1, 0)
+        net.found(large, small)
+        net.run()
+        #expect(net.connections.isEmpty, "the greater fingerprint never dials the smaller")
+        net.found(small, large)
+        net.run()
+        #expect(net.connected(small) == [large])
+        #expect(net.connected(large) == [small])
+        #expect(net.invitationsReceived(large).isEmpty, "automatic invitations are accepted without asking")
+        #expect(net.results(small).isEmpty, "automatic invitations report no result")
+    }
+}

@@ -1,0 +1,86 @@
+import PeerLinkCore
+import Testing
+
+@Suite("Session: disconnect and lost links")
+struct SessionLivenessTests {
+    /// alice invites bob and carol: a mesh of three.
+    static func meshOfThree(seed: UInt64 = 1) throws -> SessionNet {
+        var net = try SessionNet(["alice", "bob", "carol"], seed: seed)
+        _ = try net.invite(0, 1)
+        try SessionMeshTests.runAcceptingEverything(&net)
+        _ = try net.invite(0, 2)
+        try SessionMeshTests.runAcceptingEverything(&net)
+        for node in 0..<3 { try #require(net.connected(node).count == 2) }
+        return net
+    }
+
+    static func reason(_ net: SessionNet, _ node: Int, about other: Int) -> String? {
+        for event in net.events(node).reversed() {
+            if case .peerStateChanged(let peer, .notConnected, let reason) = event, peer == net.peer(other) { return reason }
+        }
+        return nil
+    }
+
+    @Test(arguments: [1, 2, 3] as [UInt64])
+    func disconnectLeavesEveryoneElseConnected(seed: UInt64) throws {
+        var net = try Self.meshOfThree(seed: seed)
+        net.disconnect(0)
+        #expect(net.closes.filter { $0.node == 0 }.map(\.code) == [.normal, .normal])
+        #expect(net.machine(0).connectedPeers.isEmpty)
+        #expect(net.states(0, of: 1).last == .notConnected && net.states(0, of: 2).last == .notConnected)
+        net.run()
+        for other in [1, 2] {
+            #expect(net.connected(other) == Set([1, 2]).subtracting([other]))
+            let reason = try #require(Self.reason(net, other, about: 0))
+            #expect(reason.contains("code 0"))
+            #expect(reason.contains("left the session"))
+        }
+        #expect(throws: PeerLinkError.self) { try net.send(0, [1], to: [1]) }
+        try net.send(1, [7], to: [2])
+        net.run()
+        #expect(net.received(2).map(\.data) == [[7]])
+        // Everything stays quiet.
+        net.advance(by: .seconds(30), tickEvery: .seconds(1))
+        #expect(net.connected(1) == [2] && net.connected(2) == [1])
+    }
+
+    @Test(arguments: [1, 2, 3] as [UInt64])
+    func aLostLinkDropsOnlyThatPair(seed: UInt64) throws {
+        var net = try Self.meshOfThree(seed: seed)
+        net.breakLinks(between: 0, and: 1)
+        net.run()
+        #expect(net.connected(0) == [2])
+        #expect(net.connected(1) == [2])
+        #expect(net.connected(2) == [0, 1])
+        let reason = try #require(Self.reason(net, 0, about: 1))
+        #expect(reason.contains("code 8"))
+        #expect(Self.reason(net, 1, about: 0) != nil)
+        #expect(net.states(2, of: 0).last == .connected && net.states(2, of: 1).last == .connected)
+
+        // The rest of the session goes on…
+        try net.send(0, [1], to: [2])
+        try net.send(2, [2], to: [0, 1])
+        net.run()
+        #expect(net.received(2).map(\.data) == [[1]])
+        #expect(net.received(0).map(\.data) == [[2]] && net.received(1).map(\.data) == [[2]])
+        // …and alice can bring bob back in.
+        let again = try net.invite(0, 1)
+        try SessionMeshTests.runAcceptingEverything(&net)
+        #expect(net.results(0)[again] == .accepted)
+        for node in 0..<3 { #expect(net.connected(node).count == 2) }
+    }
+
+    @Test func aDuplicateCloseOnTheLastLinkWaitsForTheReplacement() throws {
+        // The peer closes our only link as a duplicate: the replacement is on its way, so the pair
+        // stays as it is; if it never comes, the peer is lost after the grace.
+        var net = try SessionMessageTests.connectedPair()
+        let link = try #require(net.machine(0).allLinks.first)
+        net.apply(0, net.nodes[0].machine.linkClosed(link, code: .duplicateLink, reason: "kept the other", at: net.now))
+        #expect(net.machine(0).state(of: net.peer(1)) == .connected)
+        net.apply(0, net.nodes[0].machine.tick(at: net.now + .seconds(9)))
+        #expect(net.machine(0).state(of: net.peer(1)) == .connected)
+        net.apply(0, net.nodes[0].machine.tick(at: net.now + .seconds(10)))
+        #expect(net.machine(0).state(of: net.peer(1)) == .notConnected)
+        #expect(Self.reason(net, 0, about: 1)?.contains("duplicate") == true)
+    }
+}

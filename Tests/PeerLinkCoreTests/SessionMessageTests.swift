@@ -1,0 +1,196 @@
+import PeerLinkCore
+import Testing
+
+@Suite("Session: reliable and unreliable messages")
+struct SessionMessageTests {
+    /// Two connected peers.
+    static func connectedPair(seed: UInt64 = 1) throws -> SessionNet {
+        var net = try SessionNet(["alice", "bob"], seed: seed)
+        _ = try net.invite(0, 1)
+        net.run()
+        try net.respond(1, net.invitationsReceived(1)[0].id, accept: true)
+        net.run()
+        try #require(net.connected(0) == [1])
+        return net
+    }
+
+    static func bytes(_ count: Int, seed: Int) -> [UInt8] {
+        (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ seed &* 7) }
+    }
+
+    /// Frames the node has waiting for its one link, drained.
+    static func drain(_ net: inout SessionNet, _ node: Int) throws -> (LinkID, [Frame]) {
+        let link = try #require(net.machine(node).allLinks.first)
+        var frames: [Frame] = []
+        while let frame = net.nodes[node].machine.nextFrame(for: link) { frames.append(frame) }
+        net.nodes[node].ready.remove(link)
+        return (link, frames)
+    }
+
+    @Test(arguments: [1, 2, 3, 4] as [UInt64])
+    func messagesArriveInOrderExactlyOnceBothWays(seed: UInt64) throws {
+        var net = try Self.connectedPair(seed: seed)
+        // Sizes that never shrink keep their order even though chunks interleave.
+        let sizes = [0, 1, 2, 100, 16383, 16384, 16385, 16385, 40_000, 70_000, 70_000, 200_000]
+        var sentByAlice: [[UInt8]] = []
+        var sentByBob: [[UInt8]] = []
+        for (index, size) in sizes.enumerated() {
+            let a = Self.bytes(size, seed: index)
+            let b = Self.bytes(size, seed: index + 100)
+            try net.send(0, a, to: [1])
+            try net.send(1, b, to: [0])
+            sentByAlice.append(a)
+            sentByBob.append(b)
+            if index % 3 == 0 { net.run(limit: 5) }  // some go out while others are queued
+        }
+        net.run()
+        #expect(net.received(1).map(\.data) == sentByAlice)
+        #expect(net.received(0).map(\.data) == sentByBob)
+        #expect(net.received(1).allSatisfy { $0.reliable && $0.from == 0 })
+    }
+
+    @Test func largeMessagesAreChunkedAtTheMaximumFrameSize() throws {
+        var net = try Self.connectedPair()
+        let message = Self.bytes(40_000, seed: 9)
+        try net.send(0, message, to: [1])
+        let (_, frames) = try Self.drain(&net, 0)
+        #expect(frames.count == 3)
+        var ids: Set<UInt32> = []
+        for (index, frame) in frames.enumerated() {
+            guard case .message(let id, let flags, let chunk) = frame else {
+                Issue.record("expected MESSAGE, got \(frame)")
+                continue
+            }
+            ids.insert(id)
+            #expect(flags.contains(.more) == (index < 2))
+            #expect(chunk.count == [16384, 16384, 7232][index])
+            #expect(try frame.encoded().count == WireFormat.frameHeaderLength + chunk.count)
+        }
+        #expect(ids.count == 1)
+        let bobLink = try #require(net.machine(1).allLinks.first)
+        var delivered: [[UInt8]] = []
+        for frame in frames {
+            for action in net.nodes[1].machine.frameReceived(frame, on: bobLink, at: net.now) {
+                if case .event(.messageReceived(_, let data, true)) = action { delivered.append(data) }
+            }
+        }
+        #expect(delivered == [message])
+    }
+
+    /// A 10 MiB message does not hold up a chat line queued after it: the line's only frame is
+    /// the second frame out, and it is received long before the large one.
+    @Test func aSmallMessageOvertakesALargeOne() throws {
+        var net = try Self.connectedPair()
+        let large = Self.bytes(10 * 1024 * 1024, seed: 1)
+        let chat = Array("lunch?".utf8)
+        try net.send(0, large, to: [1])
+        try net.send(0, chat, to: [1])
+        let link = try #require(net.machine(0).allLinks.first)
+        let first = net.nodes[0].machine.nextFrame(for: link)
+        let second = net.nodes[0].machine.nextFrame(for: link)
+        guard case .message(let largeID, let largeFlags, _) = first, case .message(let chatID, let chatFlags, let chatChunk) = second
+        else {
+            Issue.record("expected two MESSAGE frames, got \(String(describing: first)), \(String(describing: second))")
+            return
+        }
+        #expect(largeFlags.contains(.more))
+        #expect(chatID == largeID + 1 && !chatFlags.contains(.more) && chatChunk == chat)
+        let bobLink = try #require(net.machine(1).allLinks.first)
+        net.apply(1, net.nodes[1].machine.frameReceived(first!, on: bobLink, at: net.now))
+        net.apply(1, net.nodes[1].machine.frameReceived(second!, on: bobLink, at: net.now))
+        #expect(net.received(1).map(\.data) == [chat])
+        // The rest of the large one follows, whole.
+        var rest: [Frame] = []
+        while let frame = net.nodes[0].machine.nextFrame(for: link) { rest.append(frame) }
+        #expect(rest.count == 640 - 1)
+        for frame in rest { net.apply(1, net.nodes[1].machine.frameReceived(frame, on: bobLink, at: net.now)) }
+        #expect(net.received(1).map(\.data.count) == [chat.count, large.count])
+        #expect(net.received(1)[1].data == large)
+    }
+
+    @Test func sixteenMebibytesIsTheLimitBothWays() throws {
+        var net = try Self.connectedPair()
+        let limit = WireFormat.maxMessageLength
+        let tooLarge = #expect(throws: PeerLinkError.self) { try net.send(0, [UInt8](repeating: 1, count: limit + 1), to: [1]) }
+        #expect(tooLarge?.code == .invalidParameter)
+
+        // Exactly 16 MiB goes through.
+        let largest = Self.bytes(limit, seed: 3)
+        try net.send(0, largest, to: [1])
+        net.run()
+        #expect(net.received(1).count == 1 && net.received(1)[0].data == largest)
+
+        // A peer that sends more is closed with a protocol error, and is no longer connected.
+        let bobLink = try #require(net.machine(1).allLinks.first)
+        let chunk = [UInt8](repeating: 0xAB, count: WireFormat.maxFramePayload)
+        var actions: [SessionAction] = []
+        for _ in 0..<(limit / chunk.count) {
+            actions = net.nodes[1].machine.frameReceived(.message(id: 77, flags: .more, chunk: chunk), on: bobLink, at: net.now)
+            #expect(actions.isEmpty)
+        }
+        #expect(net.machine(1).bufferedMessageBytes(on: bobLink) == limit)
+        actions = net.nodes[1].machine.frameReceived(.message(id: 77, flags: [], chunk: [1]), on: bobLink, at: net.now)
+        #expect(actions.contains { if case .closeLink(bobLink, .protocolError, _) = $0 { return true } else { return false } })
+        #expect(actions.contains { if case .event(.peerStateChanged(_, .notConnected, _)) = $0 { return true } else { return false } })
+        #expect(net.machine(1).connectedPeers.isEmpty)
+    }
+
+    @Test func sendingToAPeerThatIsNotConnectedFailsAsAWhole() throws {
+        var net = try SessionNet(["alice", "bob", "carol"])
+        _ = try net.invite(0, 1)
+        net.run()
+        try net.respond(1, net.invitationsReceived(1)[0].id, accept: true)
+        net.run()
+        _ = try Self.drain(&net, 0)
+        let error = #expect(throws: PeerLinkError.self) { try net.send(0, [1, 2, 3], to: [1, 2]) }
+        #expect(error?.code == .notConnected)
+        #expect(error?.message.contains("carol") == true)
+        let link = try #require(net.machine(0).allLinks.first)
+        #expect(net.nodes[0].machine.nextFrame(for: link) == nil, "nothing was queued for bob either")
+        #expect(throws: PeerLinkError.self) { try net.send(0, [1], to: [2], reliable: false) }
+        #expect(throws: PeerLinkError.self) { try net.send(0, [1], to: []) }
+    }
+
+    @Test func datagramsGoFirstAreBoundedAndDropWhenTooLarge() throws {
+        var net = try Self.connectedPair()
+        let link = try #require(net.machine(0).allLinks.first)
+        _ = try Self.drain(&net, 0)
+
+        // Too large for one frame: an error, counted as dropped.
+        let tooLarge = #expect(throws: PeerLinkError.self) {
+            try net.send(0, [UInt8](repeating: 0, count: WireFormat.maxFramePayload + 1), to: [1], reliable: false)
+        }
+        #expect(tooLarge?.code == .invalidParameter)
+        #expect(net.machine(0).droppedDatagrams == 1)
+
+        // A datagram never waits behind reliable chunks.
+        try net.send(0, Self.bytes(1_000_000, seed: 2), to: [1])
+        _ = net.nodes[0].machine.nextFrame(for: link)
+        try net.send(0, [42], to: [1], reliable: false)
+        #expect(net.nodes[0].machine.nextFrame(for: link) == .datagram([42]))
+
+        // The lane holds 8; more are dropped and counted, not errors.
+        for index in 0..<10 { try net.send(0, [UInt8(index)], to: [1], reliable: false) }
+        #expect(net.machine(0).droppedDatagrams == 3)
+        var datagrams: [[UInt8]] = []
+        while let frame = net.nodes[0].machine.nextFrame(for: link) {
+            if case .datagram(let bytes) = frame { datagrams.append(bytes) }
+        }
+        #expect(datagrams == (0..<8).map { [UInt8($0)] })
+
+        // Received as unreliable.
+        let bobLink = try #require(net.machine(1).allLinks.first)
+        let actions = net.nodes[1].machine.frameReceived(.datagram([9, 9]), on: bobLink, at: net.now)
+        #expect(actions == [.event(.messageReceived(net.peer(0), [9, 9], reliable: false))])
+    }
+
+    @Test func messagesFromPeersOutsideTheSessionAreIgnored() throws {
+        var net = try SessionNet(["alice", "stranger"])
+        net.openLink(from: 1, to: 0)
+        net.run()
+        let link = try #require(net.machine(0).allLinks.first)
+        let actions = net.nodes[0].machine.frameReceived(.message(id: 1, flags: [], chunk: [1]), on: link, at: net.now)
+        #expect(actions.isEmpty)
+        #expect(net.machine(0).ignoredMessages == 1)
+    }
+}
