@@ -173,8 +173,25 @@ public final class Link: Sendable {
     ///   cannot carry, `CancellationError` when the task is cancelled while waiting.
     public func send(_ frame: Frame) async throws {
         _ = try await established
+        try enqueue(frame)
+        try await waitForRoom()
+    }
+
+    /// Queues one frame for the writer at once, without waiting for the handshake or for room.
+    ///
+    /// For an owner that takes frames from a queue of its own under its own lock: a frame it
+    /// took is a frame queued here, so a ``close(code:reason:)`` that follows goes out after it.
+    /// Call ``waitUntilWritable()`` before queueing the next one, to keep back-pressure.
+    ///
+    /// - Throws: ``PeerLinkError`` `notConnected` before the handshake completed or once the
+    ///   link is closed, `invalidParameter` for a frame the wire format cannot carry.
+    public func enqueue(_ frame: Frame) throws(PeerLinkError) {
         let logs = try state.withLock { state throws(PeerLinkError) -> [LogEntry] in
             if let closure = state.closure { throw Self.notConnected(closure, remote: channel.remoteDescription) }
+            guard case .success? = state.established else {
+                throw PeerLinkError(
+                    .notConnected, "the link to \(channel.remoteDescription) is not established yet: wait for its handshake")
+            }
             let outputs: [LinkOutput]
             do throws(WireError) {
                 outputs = try state.machine.send(frame, at: clock.now())
@@ -184,13 +201,26 @@ public final class Link: Sendable {
             return apply(outputs, to: &state, from: .send)
         }
         emit(logs)
+    }
+
+    /// Waits while more than ``maxQueuedBytes`` wait to be written (see ``enqueue(_:)``).
+    ///
+    /// - Throws: ``PeerLinkError`` `notConnected` once the link is closed and its writer stopped,
+    ///   `CancellationError` when the task is cancelled while waiting.
+    public func waitUntilWritable() async throws {
         try await waitForRoom()
     }
 
     /// Closes the link: a `GO_AWAY` with `code` and `reason` when established (nothing before),
     /// then the channel. Idempotent; ``run()`` returns soon after.
-    public func close(code: GoAwayCode = .normal, reason: String = "closed") {
+    ///
+    /// - Parameter linger: whether ``run()`` waits (up to ``closeTimeout``) for the peer to end
+    ///   the stream after the `GO_AWAY`. Pass false when the peer closes the link at the same
+    ///   time (a duplicate both sides drop): two sides that both linger each wait for the
+    ///   other's end of stream until the timeout.
+    public func close(code: GoAwayCode = .normal, reason: String = "closed", linger: Bool = true) {
         let (logs, closeNow) = state.withLock { state -> ([LogEntry], Bool) in
+            if !linger { state.lingerAllowed = false }
             let logs = apply(state.machine.close(code: code, reason: reason), to: &state, from: .close)
             return (logs, state.phase != .running)
         }
@@ -504,7 +534,7 @@ public final class Link: Sendable {
                 let closure = makeClosure(code: code, reason: reason, byPeer: byPeer, source: source, state: state)
                 state.closure = closure
                 state.lingers =
-                    !byPeer && state.machine.remotePeer != nil && code != .keepAliveTimeout
+                    state.lingerAllowed && !byPeer && state.machine.remotePeer != nil && code != .keepAliveTimeout
                     && state.channelFailure == nil && state.phase == .running
                 if state.established == nil {
                     state.established = .failure(closure.error)
@@ -611,6 +641,8 @@ public final class Link: Sendable {
         var channelFailure: PeerLinkError?
         /// Wait for the peer's end of stream before closing the channel.
         var lingers = false
+        /// False once ``Link/close(code:reason:linger:)`` was told not to linger.
+        var lingerAllowed = true
         var peerMetadata: Logger.Metadata = [:]
 
         var tickerArmed = false

@@ -163,8 +163,13 @@ final class ChildProcess: @unchecked Sendable {
     }
 
     /// Starts `executable` with `arguments`; `environment` entries are added to this process's.
-    init(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws {
+    init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], withInput: Bool = false) throws {
         command = ([executable] + arguments).joined(separator: " ")
+        var input: [Int32] = [-1, -1]
+        if withInput {
+            guard pipe(&input) == 0 else { throw HarnessError("pipe: errno \(errno)") }
+            inputFD = input[1]
+        }
         var out: [Int32] = [-1, -1]
         var err: [Int32] = [-1, -1]
         // (Children get only fds 0-2, so no close-on-exec flag is needed on these.)
@@ -174,9 +179,12 @@ final class ChildProcess: @unchecked Sendable {
             close(out[1])
             throw HarnessError("pipe: errno \(errno)")
         }
-        let spawned = Spawn.start(executable, arguments, environment: environment, stdout: .descriptor(out[1]), stderr: .descriptor(err[1]))
+        let spawned = Spawn.start(
+            executable, arguments, environment: environment, stdin: withInput ? input[0] : nil,
+            stdout: .descriptor(out[1]), stderr: .descriptor(err[1]))
         close(out[1])
         close(err[1])
+        if withInput { close(input[0]) }
         guard let spawned else {
             close(out[0])
             close(err[0])
@@ -188,10 +196,32 @@ final class ChildProcess: @unchecked Sendable {
     }
 
     /// Starts the built `peerlink` with its own identity in a fresh config directory.
-    static func peerlink(_ arguments: [String], configHome: String = TestHost.temporaryDirectory(), environment: [String: String] = [:]) throws -> ChildProcess {
+    static func peerlink(_ arguments: [String], configHome: String = TestHost.temporaryDirectory(), environment: [String: String] = [:], withInput: Bool = false) throws -> ChildProcess {
         var env = environment
         env["XDG_CONFIG_HOME"] = configHome
-        return try ChildProcess(TestHost.peerlinkBinary, arguments, environment: env)
+        return try ChildProcess(TestHost.peerlinkBinary, arguments, environment: env, withInput: withInput)
+    }
+
+    /// The write end of the child's standard input (with `withInput`), until ``closeInput()``.
+    private var inputFD: Int32 = -1
+
+    /// Writes text to the child's standard input.
+    func type(_ text: String) {
+        guard inputFD >= 0 else { return }
+        Glibc.signal(SIGPIPE, SIG_IGN)  // a child that died must fail the test, not kill it
+        let bytes = Array(text.utf8)
+        var offset = 0
+        while offset < bytes.count {
+            let written = bytes[offset...].withUnsafeBytes { write(inputFD, $0.baseAddress, $0.count) }
+            if written <= 0 { return }
+            offset += written
+        }
+    }
+
+    /// Ends the child's standard input.
+    func closeInput() {
+        if inputFD >= 0 { close(inputFD) }
+        inputFD = -1
     }
 
     /// A thread of its own reads each pipe (blocking reads: no Dispatch involved), so lines are
@@ -346,7 +376,10 @@ final class ChildProcess: @unchecked Sendable {
         }
     }
 
-    deinit { killAndReap() }
+    deinit {
+        closeInput()
+        killAndReap()
+    }
 }
 
 extension ChildProcess {
@@ -465,11 +498,15 @@ enum Spawn {
     /// Starts a child: standard input /dev/null, output as given, no other file descriptor
     /// (so a daemon it starts never holds a test's pipes open), an empty signal mask and default
     /// signal handlers (the spawning thread may block or ignore signals; the child must not).
-    static func start(_ executable: String, _ arguments: [String], environment: [String: String], stdout: Output, stderr: Output) -> pid_t? {
+    static func start(_ executable: String, _ arguments: [String], environment: [String: String], stdin: Int32? = nil, stdout: Output, stderr: Output) -> pid_t? {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        if let stdin {
+            posix_spawn_file_actions_adddup2(&actions, stdin, 0)
+        } else {
+            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        }
         for (target, output) in [(Int32(1), stdout), (Int32(2), stderr)] {
             switch output {
             case .file(let path): posix_spawn_file_actions_addopen(&actions, target, path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)

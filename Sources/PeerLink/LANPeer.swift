@@ -1,0 +1,89 @@
+import Logging
+import PeerLinkCore
+import PeerLinkLAN
+import PeerLinkPosix
+import PeerLinkSession
+
+/// A peer on the LAN, ready to run: a TCP listener, its DNS-SD advertisement, a browser for
+/// the same service, and a ``PeerSession`` fed by that browser.
+///
+/// ```swift
+/// let peer = try LANPeer(configuration: PeerSessionConfiguration(
+///     identity: identity, displayName: name, serviceType: service, policy: SessionPolicy(automatic: true)))
+/// try await withThrowingTaskGroup { group in
+///     group.addTask { await peer.run() }
+///     for await event in peer.session.events { … }
+/// }
+/// ```
+///
+/// Needs avahi-daemon (the initializer throws `unavailable` without it). The listener takes any
+/// free port on every interface unless told otherwise; the advertisement points at it.
+public final class LANPeer: Sendable {
+    public let session: PeerSession
+    public let advertiser: LANAdvertiser
+    public let browser: LANBrowser
+    public let listener: TCPTransportListener
+    private let logger: Logger
+
+    /// - Parameters:
+    ///   - configuration: the session's configuration; checked here.
+    ///   - info: the app's discovery info, published in the TXT record.
+    ///   - liveness: how fast the browser notices a vanished peer.
+    ///   - listenHost: the numeric address to listen on (nil: every interface).
+    ///   - logger: where the listener, advertiser, browser and session log.
+    /// - Throws: a ``PeerLinkCore/PeerLinkError``: `invalidParameter` for a configuration out of
+    ///   range, `unavailable` when avahi-daemon is not running or no port can be had.
+    public init(
+        configuration: PeerSessionConfiguration, info: DiscoveryInfo = try! DiscoveryInfo(),
+        liveness: LivenessPolicy = LivenessPolicy(), listenHost: String? = nil,
+        logger: Logger = Logger(label: "peerlink")
+    ) throws(PeerLinkError) {
+        try configuration.validate()
+        let listener = try TCPTransportListener(host: listenHost, port: 0)
+        do {
+            advertiser = try LANAdvertiser(
+                identity: configuration.identity, displayName: configuration.displayName,
+                serviceType: configuration.serviceType, info: info, port: listener.port, logger: logger)
+        } catch {
+            listener.close()
+            throw error
+        }
+        self.listener = listener
+        self.logger = logger
+        browser = LANBrowser(
+            serviceType: configuration.serviceType, liveness: liveness, excluding: [configuration.identity.fingerprint],
+            logger: logger)
+        session = PeerSession(
+            configuration: configuration, transport: TCPTransport(), listener: listener, logger: logger)
+    }
+
+    /// Runs the session and feeds it what the browser finds, until the task is cancelled or the
+    /// session ends (``PeerSession/disconnect()``); then withdraws the advertisement and closes
+    /// the listener.
+    public func run() async {
+        enum Finished { case session, browser }
+        await withTaskGroup(of: Finished.self) { group in
+            group.addTask {
+                await self.session.run()
+                return .session
+            }
+            group.addTask {
+                do throws(PeerLinkError) {
+                    for await event in try self.browser.events() {
+                        self.session.discovered(event)
+                    }
+                } catch {
+                    self.logger.info(
+                        "browsing the LAN failed; peers can still dial this one",
+                        metadata: ["transport": "lan", "reason": "\(error.message)"])
+                }
+                return .browser
+            }
+            while let finished = await group.next() {
+                if finished == .session { group.cancelAll() }
+            }
+        }
+        advertiser.stop()
+        listener.close()
+    }
+}

@@ -1,0 +1,590 @@
+import Logging
+import PeerLinkCore
+import Synchronization
+
+// The runtime behind PeerSession: one task group holding the listener's accept loop, the
+// session timer, every dial and every link (each with a writer of its own). Every input is
+// applied to the state machine under the core lock and its actions carried out at once;
+// only closing a link is done with the lock released.
+
+extension PeerSession {
+    // MARK: - Running
+
+    /// Runs the session until ``disconnect()`` or until the calling task is cancelled: accepts
+    /// incoming links, dials, drives every link and the session's timers. Cancellation closes
+    /// every link with `GO_AWAY` 0 at once; after ``disconnect()`` links get a few seconds to
+    /// say goodbye. Returns once everything is closed; ``events`` finishes then.
+    /// Calling it a second time returns at once.
+    public func run() async {
+        let starts = core.withLock { core -> Bool in
+            guard core.phase == .idle else { return false }
+            core.phase = .running
+            return true
+        }
+        guard starts else {
+            logger.debug("run() called on a session that is running or over", metadata: localMetadata)
+            return
+        }
+        logger.info(
+            "session running",
+            metadata: localMetadata.merging(
+                [
+                    "session.automatic": "\(configuration.policy.automatic)",
+                    "session.encryption": "\(configuration.encryption)",
+                    "session.listening": "\(listener?.localEndpoints.map(\.description).joined(separator: ", ") ?? "no")",
+                ], uniquingKeysWith: { $1 }))
+        await withDiscardingTaskGroup { group in
+            if let listener {
+                group.addTask { await self.acceptLoop(listener) }
+            }
+            group.addTask { await self.timerLoop() }
+            for await work in spawns {
+                group.addTask { await work() }
+            }
+            // disconnect() ended the stream of work, or this task was cancelled.
+            beginStopping(reason: "\(localPeer.displayName) stopped its session")
+            if !(await waitForLinks()) {
+                logger.info(
+                    "links did not close within \(Self.shutdownGrace); cutting them", metadata: localMetadata)
+            }
+            group.cancelAll()
+        }
+        let leftovers = core.withLock { core -> [Link] in
+            core.phase = .over
+            let links = core.links.values.map(\.link)
+            core.links = [:]
+            return links
+        }
+        for link in leftovers { link.close(code: .normal, reason: "\(localPeer.displayName) stopped its session") }
+        eventSink.finish()
+        finished.fire()
+        logger.info("session stopped", metadata: localMetadata)
+    }
+
+    /// Starts leaving: the state machine disconnects (`GO_AWAY` 0 on its links, every peer not
+    /// connected), links still in their handshake are closed, dials and accepts give up.
+    /// Returns whether ``run()`` is running or stopping (and will fire ``finished``).
+    @discardableResult
+    func beginStopping(reason: String) -> Bool {
+        let now = time.now()
+        let (effects, running, wasIdle) = core.withLock { core -> ([Effect], Bool, Bool) in
+            switch core.phase {
+            case .idle:
+                core.phase = .over
+                return (carryOut(core.machine.disconnect(at: now), in: &core), false, true)
+            case .running:
+                core.phase = .stopping
+                let known = Set(core.machine.allLinks)
+                var effects = carryOut(core.machine.disconnect(at: now), in: &core)
+                for (id, entry) in core.links where !known.contains(id) {
+                    effects.append(.close(entry.link, code: .normal, reason: reason))
+                }
+                core.wakeTimer()
+                if core.liveLinks == 0 { linksDrained.fire() }
+                return (effects, true, false)
+            case .stopping:
+                return ([], true, false)
+            case .over:
+                return ([], false, false)
+            }
+        }
+        if running || wasIdle {
+            stopped.fire()
+            spawner.finish()
+        }
+        perform(effects)
+        if wasIdle {
+            eventSink.finish()
+            finished.fire()
+        }
+        return running
+    }
+
+    /// Waits until every link task ended, at most ``shutdownGrace``; false when time ran out.
+    private func waitForLinks() async -> Bool {
+        let deadline = time.now() + Self.shutdownGrace
+        return await withTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                await self.linksDrained.wait()
+                return true
+            }
+            group.addTask {
+                try? await self.time.sleep(until: deadline)
+                return false
+            }
+            let first = await group.next() ?? true
+            group.cancelAll()
+            return first || linksDrained.isFired
+        }
+    }
+
+    /// Hands work to the task group of ``run()``; false once it takes no more.
+    @discardableResult
+    private func spawn(_ work: @escaping @Sendable () async -> Void) -> Bool {
+        if case .terminated = spawner.yield(work) { return false }
+        return true
+    }
+
+    // MARK: - Applying inputs
+
+    /// Applies one input to the state machine under the lock, carries out its actions, and
+    /// closes the links it closed once the lock is released.
+    @discardableResult
+    func apply<R: Sendable, E: Error>(
+        _ input: (inout SessionCore, Duration) throws(E) -> ([SessionAction], R)
+    ) throws(E) -> R {
+        let now = time.now()
+        let (effects, result) = try core.withLock { core throws(E) -> ([Effect], R) in
+            let (actions, result) = try input(&core, now)
+            return (carryOut(actions, in: &core), result)
+        }
+        perform(effects)
+        return result
+    }
+
+    /// Carries out actions under the lock: dials are handed to the task group, writers woken,
+    /// events yielded (so they keep their order); closes are returned for later.
+    func carryOut(_ actions: [SessionAction], in core: inout SessionCore) -> [Effect] {
+        var effects: [Effect] = []
+        for action in actions {
+            switch action {
+            case .dial(let peer, let endpoints):
+                guard core.phase.acceptsInput else { continue }
+                var all = endpoints
+                for endpoint in core.discovered[peer.fingerprint] ?? [] where !all.contains(endpoint) {
+                    all.append(endpoint)
+                }
+                let targets = all
+                spawn { await self.dial(peer, endpoints: targets) }
+            case .framesReady(let id):
+                guard var entry = core.links[id] else { continue }
+                if let writer = entry.writerWaiter {
+                    entry.writerWaiter = nil
+                    writer.resume(returning: true)
+                } else {
+                    entry.framesPending = true
+                }
+                core.links[id] = entry
+            case .closeLink(let id, let code, let reason):
+                guard let entry = core.links[id] else { continue }
+                logger.debug(
+                    "closing link", metadata: linkMetadata(id, entry).merging(["link.close.code": "\(code.rawValue)"], uniquingKeysWith: { $1 }))
+                // Duplicates and idle links are dropped by both sides at about the same time:
+                // only the side that dialled the link waits for the other's end of stream, or
+                // both would wait for each other until the link's close timeout.
+                let linger = entry.dialed != nil || core.phase != .running
+                effects.append(.close(entry.link, code: code, reason: reason, linger: linger))
+            case .event(let event):
+                emit(event)
+            }
+        }
+        core.wakeTimerIfNeeded()
+        return effects
+    }
+
+    func perform(_ effects: [Effect]) {
+        for effect in effects {
+            switch effect {
+            case .close(let link, let code, let reason, let linger): link.close(code: code, reason: reason, linger: linger)
+            }
+        }
+    }
+
+    /// Tells the app (under the lock, so events keep the order the state machine gave them).
+    private func emit(_ event: SessionEvent) {
+        switch event {
+        case .peerStateChanged(let peer, let state, let reason):
+            var metadata = peerMetadata(peer)
+            if let reason { metadata["reason"] = "\(reason)" }
+            logger.info("peer \(state)", metadata: metadata)
+            eventSink.yield(.peerStateChanged(peer, state, reason: reason))
+        case .invitationReceived(let id, let peer, let context):
+            logger.info("invitation received", metadata: peerMetadata(peer).merging(["invitation": "\(id.rawValue)"], uniquingKeysWith: { $1 }))
+            eventSink.yield(.invitationReceived(id, from: peer, context: context))
+        case .invitationResult(let id, let peer, let outcome):
+            logger.info(
+                "invitation ended",
+                metadata: peerMetadata(peer).merging(["invitation": "\(id.rawValue)", "outcome": "\(outcome)"], uniquingKeysWith: { $1 }))
+            eventSink.yield(.invitationResult(id, peer, outcome))
+        case .invitationCancelled(let id, let peer, let reason):
+            logger.info(
+                "invitation cancelled",
+                metadata: peerMetadata(peer).merging(["invitation": "\(id.rawValue)", "reason": "\(reason)"], uniquingKeysWith: { $1 }))
+            eventSink.yield(.linkFailed(peer, reason: "\(id) from \(peer) can no longer be answered: \(reason)"))
+        case .invitationRefused(let peer, let reason, let detail):
+            logger.info(
+                "invitation refused without asking the app",
+                metadata: peerMetadata(peer).merging(["reason": "\(reason)", "detail": "\(detail)"], uniquingKeysWith: { $1 }))
+        case .joinRefused(let peer, _, _):
+            logger.info("join refused", metadata: peerMetadata(peer).merging(["reason": "\(event)"], uniquingKeysWith: { $1 }))
+            eventSink.yield(.linkFailed(peer, reason: "\(event)"))
+        case .messageReceived(let peer, let data, let reliable):
+            logger.trace(
+                "message received",
+                metadata: peerMetadata(peer).merging(["bytes": "\(data.count)", "reliable": "\(reliable)"], uniquingKeysWith: { $1 }))
+            eventSink.yield(.message(from: peer, data: data, reliable: reliable))
+        }
+    }
+
+    // MARK: - Incoming links
+
+    private func acceptLoop(_ listener: any TransportListener) async {
+        while true {
+            let accepted: (any LinkChannel)?
+            do {
+                accepted = try await unlessStopped { try await listener.accept() } discard: { $0.close() }
+            } catch {
+                if !stopped.isFired, !(error is CancellationError) {
+                    let reason = "no longer accepting links: \(Self.message(of: error))"
+                    logger.info("\(reason)", metadata: localMetadata)
+                    core.withLock { _ in _ = eventSink.yield(.linkFailed(nil, reason: reason)) }
+                }
+                return
+            }
+            guard let channel = accepted else { return }
+            guard case (let id, let link)? = register(channel, dialed: nil) else {
+                channel.close()
+                return
+            }
+            logger.debug(
+                "incoming link",
+                metadata: [
+                    "link.id": "\(id.rawValue)", "transport": "\(channel.transport)", "link.remote": "\(channel.remoteDescription)",
+                ])
+            guard spawn({ await self.drive(link, id: id) }) else {
+                link.close(code: .normal, reason: "\(localPeer.displayName) stopped its session")
+                unregister(id)
+                return
+            }
+        }
+    }
+
+    // MARK: - Dialling
+
+    /// Dials `peer` at each endpoint in turn until one answers, then runs the link; reports
+    /// `dialFailed` when none does.
+    private func dial(_ peer: PeerID, endpoints: [Endpoint]) async {
+        var failures: [String] = []
+        for endpoint in endpoints {
+            guard !stopped.isFired else { return }
+            var metadata = peerMetadata(peer)
+            metadata["transport"] = "\(endpoint.transport)"
+            metadata["link.remote"] = "\(endpoint)"
+            logger.debug("dialling", metadata: metadata)
+            let dialled: (any LinkChannel)?
+            do {
+                dialled = try await unlessStopped {
+                    try await self.transport.dial(endpoint, timeout: self.configuration.dialTimeout)
+                } discard: {
+                    $0.close()
+                }
+            } catch {
+                if error is CancellationError { return }
+                let message = Self.message(of: error)
+                metadata["reason"] = "\(message)"
+                logger.info("dial failed", metadata: metadata)
+                failures.append(message)
+                continue
+            }
+            guard let channel = dialled else { return }
+            guard case (let id, let link)? = register(channel, dialed: peer) else {
+                channel.close()
+                return
+            }
+            await drive(link, id: id)
+            return
+        }
+        let reason =
+            failures.isEmpty
+            ? "no endpoint is known for it: discovery has not reported it, or not on a transport this session dials"
+            : failures.joined(separator: "; ")
+        dialFailed(peer, reason: reason, report: "could not reach \(peer): \(reason)")
+    }
+
+    /// Tells the state machine a dial failed, and the app why.
+    private func dialFailed(_ peer: PeerID, reason: String, report: String) {
+        let now = time.now()
+        let effects = core.withLock { core -> [Effect] in
+            guard core.phase == .running else { return [] }
+            eventSink.yield(.linkFailed(peer, reason: report))
+            return carryOut(core.machine.dialFailed(peer, reason: reason, at: now), in: &core)
+        }
+        perform(effects)
+    }
+
+    // MARK: - Links
+
+    /// Makes the link for `channel` and records it, while the session runs.
+    private func register(_ channel: any LinkChannel, dialed peer: PeerID?) -> (LinkID, Link)? {
+        core.withLock { core -> (LinkID, Link)? in
+            guard core.phase == .running else { return nil }
+            let id = core.makeLinkID()
+            var logger = self.logger
+            logger[metadataKey: "link.id"] = "\(id.rawValue)"
+            let link = Link(
+                channel: channel, role: peer == nil ? .listener : .dialer, identity: configuration.identity,
+                preface: preface, hello: hello, policy: configuration.linkPolicy, expectedRemote: peer?.fingerprint,
+                clock: clock, logger: logger)
+            core.links[id] = SessionCore.LinkEntry(link: link, dialed: peer)
+            core.liveLinks += 1
+            return (id, link)
+        }
+    }
+
+    private func unregister(_ id: LinkID) {
+        core.withLock { core in
+            guard let entry = core.links.removeValue(forKey: id) else { return }
+            entry.writerWaiter?.resume(returning: false)
+            core.liveLinks -= 1
+            if core.phase == .stopping, core.liveLinks == 0 { linksDrained.fire() }
+        }
+    }
+
+    /// Runs one link: its handshake, then the session's business on it (frames in, a writer
+    /// pulling frames out) until it ends.
+    private func drive(_ link: Link, id: LinkID) async {
+        await withDiscardingTaskGroup { group in
+            group.addTask { await link.run() }
+            let established: Link.Established
+            do {
+                established = try await link.established
+            } catch {
+                handshakeFailed(link, id: id, error: error)
+                return
+            }
+            guard admit(link, id: id, established) else { return }
+            group.addTask { await self.writeLoop(link, id: id) }
+            for await event in link.events {
+                switch event {
+                case .frame(let frame):
+                    apply { core, now in (core.machine.frameReceived(frame, on: id, at: now), ()) }
+                case .closed(let code, let reason, _):
+                    apply { core, now in (core.machine.linkClosed(id, code: code, reason: reason, at: now), ()) }
+                }
+            }
+            core.withLock { core in
+                core.links[id]?.ended = true
+                core.links[id]?.writerWaiter?.resume(returning: false)
+                core.links[id]?.writerWaiter = nil
+            }
+        }
+        unregister(id)
+    }
+
+    /// The handshake is done: the state machine learns of the link (unless the session stops).
+    private func admit(_ link: Link, id: LinkID, _ established: Link.Established) -> Bool {
+        let now = time.now()
+        let (effects, admitted) = core.withLock { core -> ([Effect], Bool) in
+            guard core.phase == .running, var entry = core.links[id] else {
+                return ([.close(link, code: .normal, reason: "\(localPeer.displayName) stopped its session")], false)
+            }
+            entry.established = established
+            core.links[id] = entry
+            logger.debug(
+                "link admitted to the session",
+                metadata: linkMetadata(id, entry).merging(["link.encrypted": "\(established.encrypted)"], uniquingKeysWith: { $1 }))
+            let actions = core.machine.linkEstablished(id, peer: established.remote, dialedLocally: entry.dialed != nil, at: now)
+            return (carryOut(actions, in: &core), true)
+        }
+        perform(effects)
+        return admitted
+    }
+
+    /// A link that never got established: a dialled one is a failed dial; an incoming one is
+    /// reported only when it was refused (a connection that ends before its first word, such
+    /// as a browser checking the port, is not news).
+    private func handshakeFailed(_ link: Link, id: LinkID, error: any Error) {
+        let dialed = core.withLock { $0.links[id]?.dialed }
+        var metadata: Logger.Metadata = [
+            "link.id": "\(id.rawValue)", "transport": "\(link.channel.transport)", "link.remote": "\(link.channel.remoteDescription)",
+        ]
+        if let dialed { metadata["peer.id"] = "\(dialed.fingerprint)" }
+        let reason = Self.message(of: error)
+        metadata["reason"] = "\(reason)"
+        if error is CancellationError || stopped.isFired {
+            logger.debug("link ended during the handshake as the session stops", metadata: metadata)
+            return
+        }
+        if let dialed {
+            logger.info("link refused", metadata: metadata)
+            dialFailed(dialed, reason: reason, report: reason)
+            return
+        }
+        if let closure = link.closure, closure.code == .handshakeFailed {
+            logger.debug("incoming link ended before its handshake", metadata: metadata)
+            return
+        }
+        logger.info("incoming link refused", metadata: metadata)
+        core.withLock { core in
+            guard core.phase == .running else { return }
+            eventSink.yield(.linkFailed(nil, reason: reason))
+        }
+    }
+
+    /// Pulls the frames the state machine has for `link`, one at a time, each queued on the link
+    /// under the lock it was taken under, then waits for room: a slow link holds up only itself.
+    private func writeLoop(_ link: Link, id: LinkID) async {
+        while await framesAnnounced(id) {
+            while true {
+                let taken = core.withLock { core -> Result<Bool, PeerLinkError> in
+                    guard let frame = core.machine.nextFrame(for: id) else { return .success(false) }
+                    do throws(PeerLinkError) {
+                        try link.enqueue(frame)
+                    } catch {
+                        return .failure(error)
+                    }
+                    return .success(true)
+                }
+                guard case .success(let more) = taken else { return }
+                guard more else { break }
+                do {
+                    try await link.waitUntilWritable()
+                } catch {
+                    return
+                }
+            }
+        }
+    }
+
+    /// Waits for a `framesReady` on `id`; false once the link is over.
+    private func framesAnnounced(_ id: LinkID) async -> Bool {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+                core.withLock { core in
+                    guard var entry = core.links[id] else {
+                        continuation.resume(returning: false)
+                        return
+                    }
+                    if entry.framesPending {
+                        entry.framesPending = false
+                        continuation.resume(returning: true)
+                    } else if entry.ended || Task.isCancelled {
+                        continuation.resume(returning: false)
+                    } else {
+                        entry.writerWaiter = continuation
+                    }
+                    core.links[id] = entry
+                }
+            }
+        } onCancel: {
+            core.withLock { core in
+                core.links[id]?.writerWaiter?.resume(returning: false)
+                core.links[id]?.writerWaiter = nil
+            }
+        }
+    }
+
+    // MARK: - Time
+
+    /// Ticks the state machine at its deadlines; wakes early when a deadline moves closer.
+    private func timerLoop() async {
+        var lastTick: Duration?
+        while !Task.isCancelled {
+            let next = core.withLock { core -> Duration?? in
+                guard core.phase == .running else { return .none }
+                core.timerArmed = true
+                core.timerDeadline = core.machine.nextDeadline
+                core.timerWakePending = false
+                return .some(core.timerDeadline)
+            }
+            guard case .some(var deadline) = next else { return }
+            // A deadline that ticking did not move is not ticked again at once.
+            if let due = deadline, let lastTick, due <= lastTick { deadline = lastTick + .milliseconds(10) }
+            await sleepOrWake(until: deadline)
+            if Task.isCancelled { return }
+            let now = time.now()
+            lastTick = now
+            let effects = core.withLock { core -> [Effect] in
+                core.timerArmed = false
+                guard core.phase == .running else { return [] }
+                return carryOut(core.machine.tick(at: now), in: &core)
+            }
+            perform(effects)
+        }
+    }
+
+    private func sleepOrWake(until deadline: Duration?) async {
+        await withTaskGroup(of: Void.self) { group in
+            if let deadline {
+                group.addTask { try? await self.time.sleep(until: deadline) }
+            }
+            group.addTask { await self.waitForTimerWake() }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+
+    private func waitForTimerWake() async {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                core.withLock { core in
+                    if core.timerWakePending || Task.isCancelled {
+                        continuation.resume()
+                    } else {
+                        core.timerWake = continuation
+                    }
+                }
+            }
+        } onCancel: {
+            core.withLock { core in
+                core.timerWake?.resume()
+                core.timerWake = nil
+            }
+        }
+    }
+
+    // MARK: - Helpers
+
+    /// Runs `operation` until it ends or the session stops (then nil, and whatever the
+    /// operation still returns is handed to `discard`).
+    private func unlessStopped<T: Sendable>(
+        _ operation: @escaping @Sendable () async throws -> T, discard: @escaping @Sendable (T) -> Void
+    ) async throws -> T? {
+        try await withThrowingTaskGroup(of: T?.self) { group in
+            group.addTask { try await operation() }
+            group.addTask {
+                await self.stopped.wait()
+                return nil
+            }
+            let first: T??
+            do {
+                first = try await group.next()
+            } catch {
+                group.cancelAll()
+                throw error
+            }
+            group.cancelAll()
+            if case .some(.some(let value)) = first { return value }
+            while true {
+                do {
+                    guard let rest = try await group.next() else { break }
+                    if let rest { discard(rest) }
+                } catch {
+                    continue
+                }
+            }
+            return nil
+        }
+    }
+
+    static func message(of error: any Error) -> String {
+        if let error = error as? PeerLinkError { return error.message }
+        if error is CancellationError { return "cancelled" }
+        return "\(error)"
+    }
+
+    var localMetadata: Logger.Metadata { ["peer.local": "\(localPeer.fingerprint)"] }
+
+    func peerMetadata(_ peer: PeerID) -> Logger.Metadata {
+        ["peer.id": "\(peer.fingerprint)", "peer.name": "\(peer.displayName)"]
+    }
+
+    func linkMetadata(_ id: LinkID, _ entry: SessionCore.LinkEntry) -> Logger.Metadata {
+        var metadata: Logger.Metadata = [
+            "link.id": "\(id.rawValue)", "transport": "\(entry.link.channel.transport)",
+            "link.remote": "\(entry.link.channel.remoteDescription)",
+        ]
+        if let peer = entry.established?.remote ?? entry.dialed { metadata["peer.id"] = "\(peer.fingerprint)" }
+        return metadata
+    }
+}

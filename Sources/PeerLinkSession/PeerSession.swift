@@ -1,0 +1,313 @@
+import Logging
+import PeerLinkCore
+import Synchronization
+
+/// What a ``PeerSession`` is: who the local peer is, which service it serves, and its rules.
+public struct PeerSessionConfiguration: Sendable {
+    public var identity: Identity
+    public var displayName: DisplayName
+    public var serviceType: ServiceType
+    /// The encryption preference every link offers (`.optional` by default, as in
+    /// MultipeerConnectivity): `.required` × `.none` refuses the link on both sides.
+    public var encryption: EncryptionPreference
+    /// The session's rules: the number of peers, timeouts, and automatic mode.
+    public var policy: SessionPolicy
+    /// Each link's handshake timeout and keep-alive.
+    public var linkPolicy: LinkPolicy
+    /// How long one dial of one endpoint may take.
+    public var dialTimeout: Duration
+
+    public init(
+        identity: Identity, displayName: DisplayName, serviceType: ServiceType,
+        encryption: EncryptionPreference = .optional, policy: SessionPolicy = SessionPolicy(),
+        linkPolicy: LinkPolicy = LinkPolicy(), dialTimeout: Duration = .seconds(5)
+    ) {
+        self.identity = identity
+        self.displayName = displayName
+        self.serviceType = serviceType
+        self.encryption = encryption
+        self.policy = policy
+        self.linkPolicy = linkPolicy
+        self.dialTimeout = dialTimeout
+    }
+
+    /// The local peer as others see it.
+    public var localPeer: PeerID { PeerID(identity: identity, displayName: displayName) }
+
+    /// Checks every value is in range; ``PeerSession/init(configuration:transport:listener:clock:logger:)``
+    /// requires a valid configuration.
+    ///
+    /// - Throws: a ``PeerLinkError`` (`invalidParameter`) naming the value that is out of range.
+    public func validate() throws(PeerLinkError) {
+        try policy.validate()
+        guard dialTimeout > .zero else {
+            throw PeerLinkError(.invalidParameter, "the dial timeout must be longer than zero")
+        }
+        let durations: [(String, Duration)] = [
+            ("handshake timeout", linkPolicy.handshakeTimeout), ("keep-alive interval", linkPolicy.keepAliveInterval),
+            ("keep-alive timeout", linkPolicy.keepAliveTimeout),
+        ]
+        for (name, value) in durations where value <= .zero {
+            throw PeerLinkError(.invalidParameter, "the link's \(name) must be longer than zero")
+        }
+    }
+}
+
+/// How the local peer is linked to a connected peer, for `/peers`-style displays.
+public struct ConnectedPeerInfo: Sendable, Hashable {
+    public var peer: PeerID
+    /// The transport's name: `tcp`, `memory` (later `rfcomm`, `l2cap`).
+    public var transport: String
+    /// The remote end, e.g. `tcp://127.0.0.1:40123`.
+    public var remote: String
+    public var encrypted: Bool
+    /// Six digits both users can read out to check nobody sits between them
+    /// (``PeerLinkCore/VerificationCode/digits(handshakeHash:)``), the same on both sides.
+    public var verificationCode: String
+
+    public init(peer: PeerID, transport: String, remote: String, encrypted: Bool, verificationCode: String) {
+        self.peer = peer
+        self.transport = transport
+        self.remote = remote
+        self.encrypted = encrypted
+        self.verificationCode = verificationCode
+    }
+}
+
+/// What a ``PeerSession`` tells the app.
+public enum PeerSessionEvent: Sendable, Hashable, CustomStringConvertible {
+    /// A peer's state changed; `reason` says why a peer became ``PeerLinkCore/PeerState/notConnected``.
+    case peerStateChanged(PeerID, PeerState, reason: String?)
+    /// A peer invites the local peer: answer with ``PeerSession/respond(to:accept:)``.
+    case invitationReceived(InvitationID, from: PeerID, context: [UInt8])
+    /// An invitation the app sent with ``PeerSession/invite(_:context:timeout:)`` ended.
+    case invitationResult(InvitationID, PeerID, InvitationOutcome)
+    /// A message from a connected peer.
+    case message(from: PeerID, data: [UInt8], reliable: Bool)
+    /// Something the app should show: a dial that failed, a handshake refusal (such as
+    /// encryption *required* × *none*, reported on both sides), a join a member refused, the
+    /// listener failing, or an invitation shown with ``invitationReceived(_:from:context:)`` that
+    /// can no longer be answered (timed out, the inviter left, the tie-break settled it; see
+    /// ``PeerSession/invitationsAwaitingAnswer()``). `peer` is nil when the other side is not
+    /// known (a refused incoming link).
+    case linkFailed(PeerID?, reason: String)
+
+    public var description: String {
+        switch self {
+        case .peerStateChanged(let peer, let state, let reason):
+            "\(peer) is \(state)" + (reason.map { ": \($0)" } ?? "")
+        case .invitationReceived(let id, let peer, let context):
+            "\(id) received from \(peer) with \(context.count) bytes of context"
+        case .invitationResult(let id, let peer, let outcome): "\(id) to \(peer): \(outcome)"
+        case .message(let peer, let data, let reliable):
+            "\(reliable ? "message" : "datagram") of \(data.count) bytes from \(peer)"
+        case .linkFailed(let peer, let reason): "link " + (peer.map { "to \($0) " } ?? "") + "failed: \(reason)"
+        }
+    }
+}
+
+/// A MultipeerConnectivity-style session, running: invitations, a full mesh of up to 8 peers,
+/// automatic mode, and messages, over any ``PeerLinkCore/Transport``.
+///
+/// It owns one ``PeerLinkCore/SessionStateMachine`` and the links it asks for. ``run()`` does
+/// all the work in one task group — accepting incoming links from the listener, dialling,
+/// running every link (its handshake, reader, writer and keep-alive), and the session's timers
+/// on the injected clock — until ``disconnect()`` or cancellation. Discovery is fed in from
+/// outside with ``discovered(_:)``.
+///
+/// ```swift
+/// let session = PeerSession(configuration: config, transport: TCPTransport(), listener: listener)
+/// try await withThrowingTaskGroup { group in
+///     group.addTask { await session.run() }
+///     group.addTask { for try await event in browser.events() { session.discovered(event) } }
+///     for await event in session.events { … }          // ends once run() returned
+/// }
+/// ```
+///
+/// Behaviour worth knowing:
+/// - A session runs once: after ``disconnect()`` (or once ``run()`` returned) it is over;
+///   `invite` and `respond` throw `unavailable`. Make a new one to join again.
+/// - Calls made before ``run()`` starts are kept: dials start once it runs.
+/// - ``events`` is one stream for one consumer, buffered without limit; it finishes when
+///   ``run()`` returns.
+/// - Each link has a writer of its own that pulls frames from the state machine only when the
+///   link can take them, so a slow link never holds up the others.
+/// - Incoming links that end before the handshake without a word (a browser checking that the
+///   port is alive) are not reported; refusals (encryption, service, version) are, as
+///   ``PeerSessionEvent/linkFailed(_:reason:)``.
+/// - Logs (info and below) carry `peer.id`, `transport` and `link.id`.
+public final class PeerSession: Sendable {
+    public let configuration: PeerSessionConfiguration
+    public let transport: any Transport
+    public let listener: (any TransportListener)?
+    /// The local peer: the identity's fingerprint and the display name.
+    public let localPeer: PeerID
+    /// What happens in the session, for one consumer; it finishes when ``run()`` returns.
+    public let events: AsyncStream<PeerSessionEvent>
+
+    /// How long ``run()`` waits for links to finish their `GO_AWAY` after a disconnect before
+    /// it cuts them.
+    static let shutdownGrace: Duration = .seconds(3)
+
+    let logger: Logger
+    let clock: any Clock<Duration>
+    let time: LinkClock
+    let preface: LinkPreface
+    let hello: Hello
+    let eventSink: AsyncStream<PeerSessionEvent>.Continuation
+    let spawns: AsyncStream<@Sendable () async -> Void>
+    let spawner: AsyncStream<@Sendable () async -> Void>.Continuation
+    let core: Mutex<SessionCore>
+    /// Fired when the session starts stopping: dials and accepts give up.
+    let stopped = Latch()
+    /// Fired when every link task of a stopping session is over.
+    let linksDrained = Latch()
+    /// Fired when ``run()`` has returned (or will never run).
+    let finished = Latch()
+
+    /// - Parameters:
+    ///   - configuration: who, what service, which rules; must be valid
+    ///     (``PeerSessionConfiguration/validate()``), or this traps.
+    ///   - transport: dials the endpoints discovery reports (a composite transport may serve several).
+    ///   - listener: where peers reach this one; nil for a session that only dials. The caller
+    ///     owns it and closes it after ``run()`` returned.
+    ///   - clock: the time source for every timeout (a `ManualClock` in tests).
+    ///   - logger: where the session and its links log, at info and below.
+    public init(
+        configuration: PeerSessionConfiguration, transport: any Transport, listener: (any TransportListener)?,
+        clock: any Clock<Duration> = ContinuousClock(), logger: Logger = Logger(label: "peerlink.session")
+    ) {
+        let localPeer = configuration.localPeer
+        let machine: SessionStateMachine
+        do {
+            try configuration.validate()
+            machine = try SessionStateMachine(
+                localPeer: localPeer, serviceType: configuration.serviceType, policy: configuration.policy)
+        } catch {
+            preconditionFailure("PeerSession: \(error.message) (check the configuration with validate() first)")
+        }
+        self.configuration = configuration
+        self.transport = transport
+        self.listener = listener
+        self.localPeer = localPeer
+        self.clock = clock
+        self.time = LinkClock(clock)
+        self.logger = logger
+        do {
+            preface = try LinkPreface(encryption: configuration.encryption, service: configuration.serviceType)
+        } catch {
+            preconditionFailure("PeerSession: the supported protocol versions make no preface: \(error)")
+        }
+        hello = Hello(displayName: configuration.displayName)
+        (events, eventSink) = AsyncStream.makeStream(of: PeerSessionEvent.self, bufferingPolicy: .unbounded)
+        (spawns, spawner) = AsyncStream.makeStream(of: (@Sendable () async -> Void).self, bufferingPolicy: .unbounded)
+        core = Mutex(SessionCore(machine: machine))
+    }
+
+    // MARK: - Discovery
+
+    /// Feeds a discovery report in: `found` makes the peer known with its endpoints (automatic
+    /// mode invites it), `updated` refreshes its endpoints, `lost` tells the session discovery
+    /// lost it (its links stay until they end). Reports about the local peer are ignored.
+    /// Callable from any thread, before or while ``run()`` runs.
+    public func discovered(_ event: DiscoveryEvent) {
+        let now = time.now()
+        let effects = core.withLock { core -> [Effect] in
+            guard core.phase.acceptsInput else { return [] }
+            switch event {
+            case .found(let peer), .updated(let peer):
+                guard peer.id.fingerprint != localPeer.fingerprint else { return [] }
+                if !peer.endpoints.isEmpty { core.discovered[peer.id.fingerprint] = peer.endpoints }
+                if case .updated = event, core.found.contains(peer.id.fingerprint) { return [] }
+                core.found.insert(peer.id.fingerprint)
+                return carryOut(core.machine.peerFound(peer.id, endpoints: peer.endpoints, at: now), in: &core)
+            case .lost(let peer):
+                guard core.found.remove(peer.fingerprint) != nil else { return [] }
+                return carryOut(core.machine.peerLost(peer, at: now), in: &core)
+            }
+        }
+        perform(effects)
+    }
+
+    // MARK: - The app
+
+    /// Invites `peer` into the session, dialling it first if needed (at the endpoints
+    /// discovery reported). The answer comes as ``PeerSessionEvent/invitationResult(_:_:_:)``.
+    ///
+    /// - Parameters:
+    ///   - context: shown to the invitee's app, at most 8192 bytes.
+    ///   - timeout: how long the invitee has to answer.
+    /// - Throws: a ``PeerLinkCore/PeerLinkError``: `invalidParameter` (itself, already connected or
+    ///   invited, context too long), `unavailable` (the session is full, or over).
+    public func invite(_ peer: PeerID, context: [UInt8] = [], timeout: Duration = .seconds(30)) async throws -> InvitationID {
+        try apply { core, now throws(PeerLinkError) -> ([SessionAction], InvitationID) in
+            try core.requireNotOver()
+            let endpoints = core.discovered[peer.fingerprint] ?? []
+            let (id, actions) = try core.machine.invite(peer, endpoints: endpoints, context: context, timeout: timeout, at: now)
+            return (actions, id)
+        }
+    }
+
+    /// Answers an invitation shown with ``PeerSessionEvent/invitationReceived(_:from:context:)``.
+    ///
+    /// - Throws: a ``PeerLinkCore/PeerLinkError``: `timedOut` (too late), `invalidParameter` (no such
+    ///   invitation waiting), `unavailable` (accepting into a full session, or the session is over).
+    public func respond(to invitation: InvitationID, accept: Bool) async throws {
+        try apply { core, now throws(PeerLinkError) -> ([SessionAction], Void) in
+            try core.requireNotOver()
+            return (try core.machine.respond(to: invitation, accept: accept, at: now), ())
+        }
+    }
+
+    /// Sends `data` to every peer in `peers`: reliably (ordered, up to 16 MiB) or not (one
+    /// datagram of at most 16384 bytes, may be dropped). Returns once the message is queued;
+    /// each link's writer takes it when the link has room.
+    ///
+    /// - Throws: a ``PeerLinkCore/PeerLinkError``: `notConnected` when any target is not connected
+    ///   (then nothing is sent to anyone), `invalidParameter` (no peers, itself, too large).
+    public func send(_ data: [UInt8], to peers: [PeerID], reliable: Bool = true) async throws {
+        try apply { core, _ throws(PeerLinkError) -> ([SessionAction], Void) in
+            (try core.machine.send(data, to: peers, reliable: reliable), ())
+        }
+    }
+
+    /// The connected peers, by fingerprint.
+    public func connectedPeers() async -> [PeerID] {
+        core.withLock { $0.machine.connectedPeers }
+    }
+
+    /// The state of `peer` in the session.
+    public func state(of peer: PeerID) async -> PeerState {
+        core.withLock { $0.machine.state(of: peer) }
+    }
+
+    /// The invitations shown with ``PeerSessionEvent/invitationReceived(_:from:context:)`` that
+    /// can still be answered, oldest first.
+    public func invitationsAwaitingAnswer() async -> [InvitationID] {
+        core.withLock { $0.machine.invitationsAwaitingAnswer }
+    }
+
+    /// How a connected peer is linked; nil when it is not connected.
+    public func info(for peer: PeerID) async -> ConnectedPeerInfo? {
+        core.withLock { core -> ConnectedPeerInfo? in
+            guard core.machine.state(of: peer) == .connected else { return nil }
+            for id in core.machine.links(to: peer) {
+                guard let entry = core.links[id], let established = entry.established else { continue }
+                return ConnectedPeerInfo(
+                    peer: established.remote, transport: entry.link.channel.transport,
+                    remote: entry.link.channel.remoteDescription, encrypted: established.encrypted,
+                    verificationCode: entry.link.handshakeHash.map { VerificationCode.digits(handshakeHash: $0) } ?? "")
+            }
+            return nil
+        }
+    }
+
+    /// Leaves the session: `GO_AWAY` code 0 on every link, every peer *not connected*. Returns
+    /// once ``run()`` has closed every link and returned (at most a few seconds; at once when
+    /// the session is not running).
+    public func disconnect() async {
+        if beginStopping(reason: "\(localPeer.displayName) left the session") {
+            await finished.wait()
+        }
+    }
+}

@@ -1,0 +1,131 @@
+import PeerLinkCore
+import Synchronization
+
+/// Everything a ``PeerSession`` knows, under one lock: the state machine, the links, what
+/// discovery reported, and the waiting loops.
+struct SessionCore {
+    enum Phase {
+        /// ``PeerSession/run()`` has not started; inputs are kept.
+        case idle
+        case running
+        /// ``PeerSession/disconnect()`` or cancellation: links are closing.
+        case stopping
+        /// ``PeerSession/run()`` returned, or never will.
+        case over
+
+        var acceptsInput: Bool { self == .idle || self == .running }
+    }
+
+    /// One link the session runs, from its first byte to its end.
+    struct LinkEntry {
+        let link: Link
+        /// The peer dialled, for a link this side opened.
+        let dialed: PeerID?
+        /// The handshake's outcome, once the session knows the link.
+        var established: Link.Established?
+        /// The state machine announced frames for this link the writer has not looked at yet.
+        var framesPending = false
+        /// The link is over: its writer stops.
+        var ended = false
+        var writerWaiter: CheckedContinuation<Bool, Never>?
+    }
+
+    var machine: SessionStateMachine
+    var phase = Phase.idle
+    var links: [LinkID: LinkEntry] = [:]
+    var nextLinkNumber = 1
+    /// Link tasks running (registered and not yet unregistered).
+    var liveLinks = 0
+    /// The latest endpoints discovery reported, by peer.
+    var discovered: [Fingerprint: [Endpoint]] = [:]
+    /// Peers discovery reported found and not lost.
+    var found: Set<Fingerprint> = []
+
+    var timerArmed = false
+    var timerDeadline: Duration?
+    var timerWakePending = false
+    var timerWake: CheckedContinuation<Void, Never>?
+
+    init(machine: SessionStateMachine) {
+        self.machine = machine
+    }
+
+    func requireNotOver() throws(PeerLinkError) {
+        guard phase.acceptsInput else {
+            throw PeerLinkError(
+                .unavailable, "this session is over (it was disconnected or stopped running): start a new PeerSession to connect again")
+        }
+    }
+
+    mutating func makeLinkID() -> LinkID {
+        defer { nextLinkNumber += 1 }
+        return LinkID(nextLinkNumber)
+    }
+
+    /// Wakes the timer when the state machine's next deadline moved closer than the one it
+    /// sleeps towards (or it must stop).
+    mutating func wakeTimerIfNeeded() {
+        guard timerArmed else { return }
+        let next = machine.nextDeadline
+        let closer: Bool = if let next { timerDeadline.map { next < $0 } ?? true } else { false }
+        if closer || phase != .running { wakeTimer() }
+    }
+
+    mutating func wakeTimer() {
+        timerWakePending = true
+        timerWake?.resume()
+        timerWake = nil
+    }
+}
+
+/// What is done with the lock released, after an input was applied.
+enum Effect: Sendable {
+    /// Close a link; `linger` as in ``Link/close(code:reason:linger:)``.
+    case close(Link, code: GoAwayCode, reason: String, linger: Bool = true)
+}
+
+/// A one-way signal many tasks can wait for: waiting returns once it fired, or when the waiting
+/// task is cancelled.
+final class Latch: Sendable {
+    private struct State {
+        var fired = false
+        var nextID = 0
+        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
+    }
+
+    private let state = Mutex(State())
+
+    var isFired: Bool { state.withLock { $0.fired } }
+
+    /// Fires; true the first time.
+    @discardableResult
+    func fire() -> Bool {
+        state.withLock { state in
+            guard !state.fired else { return false }
+            state.fired = true
+            for waiter in state.waiters.values { waiter.resume() }
+            state.waiters = [:]
+            return true
+        }
+    }
+
+    func wait() async {
+        let id = state.withLock { state -> Int in
+            state.nextID += 1
+            return state.nextID
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                state.withLock { state in
+                    if state.fired || Task.isCancelled {
+                        continuation.resume()
+                    } else {
+                        state.waiters[id] = continuation
+                    }
+                }
+            }
+        } onCancel: {
+            state.withLock { $0.waiters.removeValue(forKey: id)?.resume() }
+        }
+    }
+}
