@@ -2,7 +2,7 @@
 # peerlink.sh — quick start: install what is missing, make sure dbus + avahi run, build, run peerlink.
 #
 # usage: Hardware/peerlink.sh [peerlink arguments...]
-#        (no arguments: advertise --name "$(hostname)"; this becomes `chat` when sessions land)
+#        (no arguments: chat --name "$(hostname)")
 #
 # 1. Hardware/setup.sh (build/run dependencies; Swift 6.2+ must be installed)
 # 2. dbus + avahi-daemon: if avahi-daemon does not run, `systemctl start avahi-daemon` on a
@@ -82,6 +82,6 @@ bin=$(swift build -c release --show-bin-path "${scratch[@]}")/peerlink
 [ -x "$bin" ] || die "no binary at $bin"
 
 if [ $# -eq 0 ]; then
-    set -- advertise --name "$(hostname)"
+    set -- chat --name "$(hostname)"
 fi
 exec "$bin" "$@"
