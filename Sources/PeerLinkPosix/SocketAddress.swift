@@ -55,6 +55,8 @@ public struct IPSocketAddress: Hashable, Sendable, CustomStringConvertible {
             storage = .v6(withUnsafeBytes(of: v6.sin6_addr) { Array($0) }, scope: v6.sin6_scope_id)
             port = UInt16(bigEndian: v6.sin6_port)
             var text = Self.format(family: AF_INET6, v6.sin6_addr)
+            // A dual-stack socket reports IPv4 peers as ::ffff:a.b.c.d; show them as IPv4.
+            if text.hasPrefix("::ffff:"), text.contains(".") { text.removeFirst(7) }
             if v6.sin6_scope_id != 0 {
                 var name = [CChar](repeating: 0, count: Int(IF_NAMESIZE) + 1)
                 if if_indextoname(v6.sin6_scope_id, &name) != nil {
