@@ -18,9 +18,14 @@ import PeerLinkSession
 ///
 /// Needs avahi-daemon (the initializer throws `unavailable` without it). The listener takes any
 /// free port on every interface unless told otherwise; the advertisement points at it.
+///
+/// With `advertising: false` the peer is not published: it browses, dials and accepts links, and
+/// whoever owns it decides when (and with what discovery info) its listener is published — as
+/// ``NearbyServiceAdvertiser`` does for a ``MultipeerSession``.
 public final class LANPeer: Sendable {
     public let session: PeerSession
-    public let advertiser: LANAdvertiser
+    /// The advertisement of ``listener``; nil when made with `advertising: false`.
+    public let advertiser: LANAdvertiser?
     public let browser: LANBrowser
     public let listener: TCPTransportListener
     private let logger: Logger
@@ -28,25 +33,30 @@ public final class LANPeer: Sendable {
     /// - Parameters:
     ///   - configuration: the session's configuration; checked here.
     ///   - info: the app's discovery info, published in the TXT record.
+    ///   - advertising: whether to publish the peer (false: no advertisement, `info` unused).
     ///   - liveness: how fast the browser notices a vanished peer.
     ///   - listenHost: the numeric address to listen on (nil: every interface).
     ///   - logger: where the listener, advertiser, browser and session log.
     /// - Throws: a ``PeerLinkCore/PeerLinkError``: `invalidParameter` for a configuration out of
-    ///   range, `unavailable` when avahi-daemon is not running or no port can be had.
+    ///   range, `unavailable` when avahi-daemon is not running (advertising) or no port can be had.
     public init(
-        configuration: PeerSessionConfiguration, info: DiscoveryInfo = try! DiscoveryInfo(),
+        configuration: PeerSessionConfiguration, info: DiscoveryInfo = try! DiscoveryInfo(), advertising: Bool = true,
         liveness: LivenessPolicy = LivenessPolicy(), listenHost: String? = nil,
         logger: Logger = Logger(label: "peerlink")
     ) throws(PeerLinkError) {
         try configuration.validate()
         let listener = try TCPTransportListener(host: listenHost, port: 0)
-        do {
-            advertiser = try LANAdvertiser(
-                identity: configuration.identity, displayName: configuration.displayName,
-                serviceType: configuration.serviceType, info: info, port: listener.port, logger: logger)
-        } catch {
-            listener.close()
-            throw error
+        if advertising {
+            do {
+                advertiser = try LANAdvertiser(
+                    identity: configuration.identity, displayName: configuration.displayName,
+                    serviceType: configuration.serviceType, info: info, port: listener.port, logger: logger)
+            } catch {
+                listener.close()
+                throw error
+            }
+        } else {
+            advertiser = nil
         }
         self.listener = listener
         self.logger = logger
@@ -83,7 +93,7 @@ public final class LANPeer: Sendable {
                 if finished == .session { group.cancelAll() }
             }
         }
-        advertiser.stop()
+        advertiser?.stop()
         listener.close()
     }
 }
