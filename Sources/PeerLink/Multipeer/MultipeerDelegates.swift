@@ -1,0 +1,91 @@
+import Foundation
+import PeerLinkCore
+import Synchronization
+
+/// What a ``MultipeerSession`` tells its delegate.
+///
+/// Every method is called on the session's ``MultipeerSession/delegateQueue`` (a private serial
+/// queue unless the app gave one), one call at a time, in the order things happened — never on
+/// the thread that made a call to the session. Hop to the main queue or an actor yourself before
+/// touching UI or state that lives there.
+public protocol MultipeerSessionDelegate: AnyObject, Sendable {
+    /// A peer's state in the session changed: *connecting*, *connected*, or *not connected*
+    /// (declined, timed out, left, unreachable, or the local peer disconnected).
+    func session(_ session: MultipeerSession, peer peerID: MultipeerPeerID, didChange state: PeerState)
+
+    /// A message from a connected peer arrived (sent reliably or not).
+    func session(_ session: MultipeerSession, didReceive data: Data, fromPeer peerID: MultipeerPeerID)
+
+    /// Asks whether to let `peerID` in: `fingerprint` is its key's fingerprint (PeerLink has no
+    /// certificates; a peer is its key). Call `certificateHandler` exactly once, with true to go on
+    /// or false to refuse, from any thread. Asked before an invitation from the peer reaches the
+    /// advertiser's delegate, and before an invitation to the peer is sent — see the *Migrating
+    /// from MultipeerConnectivity* article for what is not asked yet.
+    ///
+    /// The default accepts every peer.
+    func session(
+        _ session: MultipeerSession, didReceiveCertificate fingerprint: Fingerprint, fromPeer peerID: MultipeerPeerID,
+        certificateHandler: @escaping @Sendable (Bool) -> Void)
+}
+
+extension MultipeerSessionDelegate {
+    public func session(
+        _ session: MultipeerSession, didReceiveCertificate fingerprint: Fingerprint, fromPeer peerID: MultipeerPeerID,
+        certificateHandler: @escaping @Sendable (Bool) -> Void
+    ) {
+        certificateHandler(true)
+    }
+}
+
+/// What a ``NearbyServiceAdvertiser`` tells its delegate, on the advertiser's
+/// ``NearbyServiceAdvertiser/delegateQueue``.
+public protocol NearbyServiceAdvertiserDelegate: AnyObject, Sendable {
+    /// A peer invites the local peer into its session. Call `invitationHandler` once, from any
+    /// thread, with true and the session this advertiser serves to accept, or with false (and
+    /// nil) to decline. Not answering lets the invitation time out (the inviter's timeout, 30 s by
+    /// default). `context` is what the inviter passed, nil when it passed nothing.
+    func advertiser(
+        _ advertiser: NearbyServiceAdvertiser, didReceiveInvitationFromPeer peerID: MultipeerPeerID,
+        withContext context: Data?, invitationHandler: @escaping @Sendable (Bool, MultipeerSession?) -> Void)
+
+    /// Advertising did not start, or stopped for good: `error` is a ``PeerLinkCore/PeerLinkError``
+    /// saying why (avahi-daemon not running, a service type or discovery info out of range, no
+    /// session for the peer). The default does nothing.
+    func advertiser(_ advertiser: NearbyServiceAdvertiser, didNotStartAdvertisingPeer error: any Error)
+}
+
+extension NearbyServiceAdvertiserDelegate {
+    public func advertiser(_ advertiser: NearbyServiceAdvertiser, didNotStartAdvertisingPeer error: any Error) {}
+}
+
+/// What a ``NearbyServiceBrowser`` tells its delegate, on the browser's
+/// ``NearbyServiceBrowser/delegateQueue``.
+public protocol NearbyServiceBrowserDelegate: AnyObject, Sendable {
+    /// A peer advertising the service is reachable, with its discovery info (nil when it
+    /// published none). Reported again when the peer changes its discovery info.
+    func browser(_ browser: NearbyServiceBrowser, foundPeer peerID: MultipeerPeerID, withDiscoveryInfo info: [String: String]?)
+
+    /// A peer reported found withdrew its advertisement or stopped answering (within 10 s).
+    func browser(_ browser: NearbyServiceBrowser, lostPeer peerID: MultipeerPeerID)
+
+    /// Browsing did not start: `error` is a ``PeerLinkCore/PeerLinkError`` saying why
+    /// (avahi-daemon not running, a service type out of range). The default does nothing.
+    func browser(_ browser: NearbyServiceBrowser, didNotStartBrowsingForPeers error: any Error)
+}
+
+extension NearbyServiceBrowserDelegate {
+    public func browser(_ browser: NearbyServiceBrowser, didNotStartBrowsingForPeers error: any Error) {}
+}
+
+/// Lets a handler given to the app run once: later calls are ignored.
+final class OnceFlag: Sendable {
+    private let claimed = Mutex(false)
+
+    /// True the first time only.
+    func claim() -> Bool {
+        claimed.withLock { claimed in
+            defer { claimed = true }
+            return !claimed
+        }
+    }
+}
