@@ -50,8 +50,10 @@ public struct MultipeerPeerID: Hashable, Sendable, CustomStringConvertible {
     /// is in MultipeerConnectivity. The display name may change between launches; the peer stays
     /// the same.
     ///
-    /// - Parameter identityPath: the identity file; by default `~/.config/peerlink/identity.json`
-    ///   (``PeerLinkPosix/IdentityStore/defaultPath(environment:)``), shared with the `peerlink` tool.
+    /// - Parameters:
+    ///   - displayName: the label others see, which may differ from launch to launch.
+    ///   - identityPath: the identity file, such as ``PeerLinkPosix/IdentityStore/defaultPath(environment:)``
+    ///     (`~/.config/peerlink/identity.json`, shared with the `peerlink` tool).
     /// - Throws: a ``PeerLinkCore/PeerLinkError``: `invalidParameter` for a display name out of
     ///   range or a corrupt identity file, `unavailable` when the file cannot be read or written.
     public init(displayName: String, identityPath: String) throws(PeerLinkError) {

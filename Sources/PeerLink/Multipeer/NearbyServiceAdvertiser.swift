@@ -48,7 +48,11 @@ public final class NearbyServiceAdvertiser: Sendable {
     /// ``startAdvertisingPeer()`` through the delegate.
     ///
     /// - Parameters:
+    ///   - peer: the local peer, which has a ``MultipeerSession`` by the time advertising starts.
+    ///   - discoveryInfo: published with the peer (nil: none).
+    ///   - serviceType: the service, as in MultipeerConnectivity (`chat` is `_chat._tcp` on the LAN).
     ///   - delegateQueue: the serial queue for delegate calls (nil: a private serial queue).
+    ///   - logger: where the advertiser logs.
     public init(
         peer: MultipeerPeerID, discoveryInfo: [String: String]?, serviceType: String, delegateQueue: DispatchQueue? = nil,
         logger: Logger = Logger(label: "peerlink.multipeer")

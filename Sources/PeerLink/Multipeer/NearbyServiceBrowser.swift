@@ -47,7 +47,10 @@ public final class NearbyServiceBrowser: Sendable {
     /// through the delegate.
     ///
     /// - Parameters:
+    ///   - peer: the local peer, never reported found.
+    ///   - serviceType: the service, as in MultipeerConnectivity (`chat` is `_chat._tcp` on the LAN).
     ///   - delegateQueue: the serial queue for delegate calls (nil: a private serial queue).
+    ///   - logger: where the browser logs.
     public init(
         peer: MultipeerPeerID, serviceType: String, delegateQueue: DispatchQueue? = nil,
         logger: Logger = Logger(label: "peerlink.multipeer")
@@ -119,6 +122,8 @@ public final class NearbyServiceBrowser: Sendable {
     /// is full, or the session's delegate refused its key).
     ///
     /// - Parameters:
+    ///   - peerID: a peer this browser found (found before, even if browsing stopped since).
+    ///   - session: the session to invite it into; it must serve this browser's service type.
     ///   - context: at most 8192 bytes, shown to the invitee's app.
     ///   - timeout: seconds the invitee has to answer; 30 when zero or less.
     public func invitePeer(_ peerID: MultipeerPeerID, to session: MultipeerSession, withContext context: Data?, timeout: TimeInterval = 30) {
