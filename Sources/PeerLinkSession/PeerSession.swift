@@ -7,7 +7,7 @@ public struct PeerSessionConfiguration: Sendable {
     public var identity: Identity
     public var displayName: DisplayName
     public var serviceType: ServiceType
-    /// The encryption preference every link offers (`.optional` by default, as in
+    /// The encryption preference every link offers (`.required` by default, as in
     /// MultipeerConnectivity): `.required` × `.none` refuses the link on both sides.
     public var encryption: EncryptionPreference
     /// The session's rules: the number of peers, timeouts, and automatic mode.
@@ -19,7 +19,7 @@ public struct PeerSessionConfiguration: Sendable {
 
     public init(
         identity: Identity, displayName: DisplayName, serviceType: ServiceType,
-        encryption: EncryptionPreference = .optional, policy: SessionPolicy = SessionPolicy(),
+        encryption: EncryptionPreference = .required, policy: SessionPolicy = SessionPolicy(),
         linkPolicy: LinkPolicy = LinkPolicy(), dialTimeout: Duration = .seconds(5)
     ) {
         self.identity = identity

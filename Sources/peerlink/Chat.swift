@@ -34,8 +34,8 @@ struct Chat: AsyncParsableCommand {
     @Flag(help: "Accept every invitation without asking.")
     var acceptAll = false
 
-    @Option(help: "Encryption: none, optional or required (optional encrypts unless the other side refuses).")
-    var encryption: String = "optional"
+    @Option(help: "Encryption: required (the default), optional (encrypts unless the other side refuses) or none.")
+    var encryption: String = "required"
 
     @Option(help: "Seconds to wait for a first peer when reading from a script before giving up.")
     var wait: Double = 30
@@ -84,7 +84,7 @@ struct Chat: AsyncParsableCommand {
             knownAtStart = try KnownPeersStore.load(at: knownPath)
             let configuration = PeerSessionConfiguration(
                 identity: identity, displayName: displayName, serviceType: serviceType,
-                encryption: Self.preference(encryption) ?? .optional,
+                encryption: Self.preference(encryption) ?? .required,
                 policy: SessionPolicy(automatic: invite == nil))
             node = try LANPeer(configuration: configuration, logger: logger)
         } catch {
