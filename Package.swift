@@ -97,6 +97,13 @@ let package = Package(
             exclude: ["README.md"],
             swiftSettings: strict
         ),
+        .executableTarget(
+            name: "peerlink-example-counter",
+            dependencies: ["PeerLink", .product(name: "Logging", package: "swift-log")],
+            path: "Examples/Counter",
+            exclude: ["README.md"],
+            swiftSettings: strict
+        ),
 
         .testTarget(
             name: "PeerLinkCoreTests",
