@@ -104,6 +104,13 @@ let package = Package(
             exclude: ["README.md"],
             swiftSettings: strict
         ),
+        .executableTarget(
+            name: "peerlink-example-automesh",
+            dependencies: ["PeerLink", .product(name: "Logging", package: "swift-log")],
+            path: "Examples/AutoMesh",
+            exclude: ["README.md"],
+            swiftSettings: strict
+        ),
 
         .testTarget(
             name: "PeerLinkCoreTests",
