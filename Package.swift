@@ -98,6 +98,13 @@ let package = Package(
             swiftSettings: strict
         ),
         .executableTarget(
+            name: "peerlink-example-browsechat",
+            dependencies: ["PeerLink", .product(name: "Logging", package: "swift-log")],
+            path: "Examples/BrowseChat",
+            exclude: ["README.md"],
+            swiftSettings: strict
+        ),
+        .executableTarget(
             name: "peerlink-example-counter",
             dependencies: ["PeerLink", .product(name: "Logging", package: "swift-log")],
             path: "Examples/Counter",

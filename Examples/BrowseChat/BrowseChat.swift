@@ -1,0 +1,372 @@
+// BrowseChat: the classic MultipeerConnectivity chat, in a terminal. It lists the peers nearby
+// as they come and go, each with a number; `invite N` invites one; an invitation received asks
+// "accept? [y/n]"; once connected, typed lines go to everyone in the chat; `end` ends the chat
+// and goes back to browsing; `quit` leaves.
+//
+// Invitations are made and answered by the person (manual mode). A session is over once left,
+// so `end` starts a new one, as an MPC app makes a new MCSession.
+import Foundation
+import Logging
+import PeerLink
+
+let tool = "peerlink-example-browsechat"
+let usage = """
+    usage: \(tool) [--name NAME] [--service TYPE] [--identity PATH]
+      --name NAME      the name the others see (default: this host's name)
+      --service TYPE   the service type to browse and advertise (default: chat)
+      --identity PATH  the identity file (default: $XDG_CONFIG_HOME/peerlink/identity.json);
+                       a second copy on the same machine needs its own
+    \(commands)
+    """
+let commands = """
+    Commands: invite N (invite peer [N]), list (who is nearby), end (end the chat), quit.
+    Any other line is a chat message. An invitation asks accept? [y/n]: answer y or n.
+    """
+
+@main
+enum BrowseChatExample {
+    enum Input: Sendable {
+        case line(String)
+        case endOfInput
+        case nearby(DiscoveryEvent)
+        /// `generation` tells events of an ended session from those of the current one.
+        case session(generation: Int, PeerSessionEvent)
+        case sessionEnded(generation: Int)
+        case signal
+    }
+
+    static func main() async {
+        let arguments = parseArguments(["--name", "--service", "--identity"])
+        let name = validName(arguments["--name"] ?? hostName())
+        let service = validService(arguments["--service"] ?? "chat")
+        let identity = loadIdentity(at: arguments["--identity"] ?? IdentityStore.defaultPath())
+        let manual = SessionPolicy(automatic: false)
+
+        let (inputs, input) = AsyncStream.makeStream(of: Input.self)
+        /// Runs a LAN peer (listener, advertisement, session) and forwards its session's events.
+        func start(_ peer: LANPeer, generation: Int) -> Task<Void, Never> {
+            Task {
+                for await event in peer.session.events { input.yield(.session(generation: generation, event)) }
+            }
+            return Task {
+                await peer.run()
+                input.yield(.sessionEnded(generation: generation))
+            }
+        }
+        var generation = 0
+        var peer = makePeer(identity, name: name, service: service, policy: manual)
+        var running = start(peer, generation: generation)
+        var myPorts: Set<UInt16> = [peer.listener.port]
+
+        // The browse list has a browser of its own: it outlives the sessions `end` replaces.
+        let browsing: AsyncStream<DiscoveryEvent>
+        do {
+            browsing = try LANBrowser(serviceType: service).events()
+        } catch {
+            fail(error)
+        }
+        Task {
+            for await event in browsing { input.yield(.nearby(event)) }
+        }
+        let signals = onTerminationSignals { input.yield(.signal) }
+        readLines { input.yield($0.map(Input.line) ?? .endOfInput) }
+
+        say("BrowseChat as \(name) (id \(identity.fingerprint.grouped)) on \(service.dnsSDType).")
+        say(commands)
+        say("Looking for peers nearby…")
+
+        var numbers: [Fingerprint: Int] = [:]  // one number per peer, kept if it goes and comes back
+        var nearby: [Int: PeerID] = [:]  // who is around now, by number
+        var members: [PeerID] = []  // in the chat, in the order they joined
+        var invited: Set<PeerID> = []  // invitations sent, not answered yet
+        var prompts: [(invitation: InvitationID, from: PeerID)] = []  // invitations to answer, oldest first
+        var warnedSameIdentity = false
+        var status: Int32 = 0
+
+        func listing() -> String {
+            if nearby.isEmpty { return "nobody nearby yet" }
+            return nearby.keys.sorted().map { number in
+                let other = nearby[number]!
+                return "  [\(number)] \(other.displayName) (id \(other.fingerprint.grouped))\(members.contains(other) ? " — in the chat" : "")"
+            }.joined(separator: "\n")
+        }
+        func ask() {
+            guard let first = prompts.first else { return }
+            say("\(first.from.displayName) (id \(first.from.fingerprint.grouped)) invites you to chat. accept? [y/n]")
+        }
+
+        loop: for await next in inputs {
+            switch next {
+            case .nearby(.found(let found)), .nearby(.updated(let found)):
+                if found.id.fingerprint == identity.fingerprint {
+                    // This peer itself, or a second copy started with the same identity file.
+                    let elsewhere = found.endpoints.contains { endpoint in
+                        if case .tcp(_, let port) = endpoint { !myPorts.contains(port) } else { false }
+                    }
+                    if elsewhere && !warnedSameIdentity {
+                        warnedSameIdentity = true
+                        note(sameIdentityWarning)
+                    }
+                    break
+                }
+                let number = numbers[found.id.fingerprint] ?? (numbers.values.max() ?? 0) + 1
+                numbers[found.id.fingerprint] = number
+                let wasNearby = nearby[number]
+                nearby[number] = found.id
+                if wasNearby == nil {
+                    say("+ [\(number)] \(found.id.displayName) (id \(found.id.fingerprint.grouped)) is nearby: invite \(number) to chat")
+                } else if wasNearby?.displayName != found.id.displayName {
+                    say("~ [\(number)] \(wasNearby?.displayName ?? "") is now called \(found.id.displayName)")
+                }
+            case .nearby(.lost(let gone)):
+                guard let number = numbers[gone.fingerprint], let other = nearby.removeValue(forKey: number) else { break }
+                say("- [\(number)] \(other.displayName) is gone")
+
+            case .line(let line):
+                let text = line.trimmingCharacters(in: .whitespaces)
+                if text == "quit" { break loop }
+                if let prompt = prompts.first {
+                    // The next line answers the oldest invitation.
+                    let accept: Bool
+                    switch text.lowercased() {
+                    case "y", "yes": accept = true
+                    case "n", "no": accept = false
+                    default:
+                        say("answer y or n first:")
+                        ask()
+                        continue loop
+                    }
+                    prompts.removeFirst()
+                    do {
+                        try await peer.session.respond(to: prompt.invitation, accept: accept)
+                        say(accept ? "accepted: joining \(prompt.from.displayName)…" : "declined")
+                    } catch {
+                        say("cannot answer: \(message(error))")
+                    }
+                    ask()
+                    continue loop
+                }
+                let words = text.split(separator: " ")
+                switch words.first {
+                case "invite":
+                    guard words.count == 2, let number = Int(words[1]) else {
+                        say("invite takes the number of a peer in the list: invite 1")
+                        break
+                    }
+                    guard let other = nearby[number] else {
+                        say("nobody is [\(number)] now:\n\(listing())")
+                        break
+                    }
+                    do {
+                        _ = try await peer.session.invite(other)
+                        invited.insert(other)
+                        say("invited \(other.displayName): waiting for an answer…")
+                    } catch {
+                        say("cannot invite \(other.displayName): \(message(error))")
+                    }
+                case "list" where words.count == 1:
+                    say(listing())
+                case "help" where words.count == 1:
+                    say(commands)
+                case "end" where words.count == 1:
+                    guard !members.isEmpty || !invited.isEmpty else {
+                        say("not in a chat: invite N starts one")
+                        break
+                    }
+                    // Leave this session (everyone is told), then start a new one to be invited into.
+                    await peer.session.disconnect()
+                    await running.value
+                    generation += 1
+                    peer = makePeer(identity, name: name, service: service, policy: manual)
+                    running = start(peer, generation: generation)
+                    myPorts.insert(peer.listener.port)
+                    members = []
+                    invited = []
+                    prompts = []
+                    say("chat ended; back to browsing:\n\(listing())")
+                case nil:
+                    break
+                default:
+                    guard !members.isEmpty else {
+                        say("not in a chat: invite N starts one (list shows who is nearby)")
+                        break
+                    }
+                    do {
+                        try await peer.session.send(Array(line.utf8), to: members)
+                    } catch {
+                        say("not sent: \(message(error))")
+                    }
+                }
+            case .endOfInput:
+                break loop
+
+            case .session(let from, _) where from != generation:
+                break  // the tail of a session `end` left
+            case .session(_, .peerStateChanged(let other, .connected, _)):
+                invited.remove(other)
+                guard !members.contains(other) else { break }
+                members.append(other)
+                let code = await peer.session.info(for: other)?.verificationCode ?? "?"
+                say("* \(other.displayName) joined the chat (verification code \(code)). Type to talk; end ends the chat.")
+            case .session(_, .peerStateChanged(let other, _, _)):
+                guard let index = members.firstIndex(of: other) else { break }
+                members.remove(at: index)
+                say("* \(other.displayName) left the chat")
+                if members.isEmpty { say("the chat is over: invite N starts another") }
+            case .session(_, .invitationReceived(let invitation, let from, _)):
+                prompts.append((invitation, from))
+                if prompts.count == 1 { ask() }
+            case .session(_, .invitationResult(_, let other, let outcome)):
+                invited.remove(other)
+                if outcome != .accepted { say("\(other.displayName) did not join: \(outcome)") }
+            case .session(_, .message(let from, let data, _)):
+                say("\(from.displayName): \(printable(data))")
+            case .session(_, .linkFailed(_, let reason)):
+                note(reason)
+                // An invitation on screen may have ended (timed out, the inviter left).
+                let waiting = Set(await peer.session.invitationsAwaitingAnswer())
+                let shown = prompts.first
+                prompts.removeAll { !waiting.contains($0.invitation) }
+                if let shown, prompts.first?.invitation != shown.invitation {
+                    say("(the invitation from \(shown.from.displayName) can no longer be answered)")
+                    ask()
+                }
+            case .sessionEnded(let ended):
+                guard ended == generation else { break }
+                note("the session ended unexpectedly")
+                status = 1
+                break loop
+            case .signal:
+                break loop
+            }
+        }
+        await peer.session.disconnect()
+        await running.value
+        withExtendedLifetime(signals) {}
+        exit(status)
+    }
+}
+
+func message(_ error: any Error) -> String {
+    (error as? PeerLinkError)?.message ?? "\(error)"
+}
+
+/// Text safe to print: invalid UTF-8 replaced, control characters (a hostile peer's terminal
+/// escape sequences) shown as '?'.
+func printable(_ data: [UInt8]) -> String {
+    String(decoding: data, as: UTF8.self).unicodeScalars.map { scalar in
+        scalar.properties.generalCategory == .control && scalar != "\t" ? "?" : String(scalar)
+    }.joined()
+}
+
+// MARK: - The plumbing every example has: arguments, identity, signals, standard input.
+
+/// `--key VALUE` or `--key=VALUE` for the keys given; `-h`/`--help` prints the usage.
+func parseArguments(_ keys: Set<String>) -> [String: String] {
+    var values: [String: String] = [:]
+    var rest = CommandLine.arguments.dropFirst()
+    while let argument = rest.popFirst() {
+        if argument == "-h" || argument == "--help" {
+            say(usage)
+            exit(0)
+        }
+        let parts = argument.split(separator: "=", maxSplits: 1).map(String.init)
+        guard let key = parts.first, keys.contains(key) else { usageError("unknown argument '\(argument)'") }
+        guard let value = parts.count == 2 ? parts[1] : rest.popFirst() else { usageError("\(key) needs a value") }
+        values[key] = value
+    }
+    return values
+}
+
+func validName(_ text: String) -> DisplayName {
+    do { return try DisplayName(text) } catch { usageError("--name: \(error.description)") }
+}
+
+func validService(_ text: String) -> ServiceType {
+    do { return try ServiceType(text) } catch { usageError("--service: \(error.description)") }
+}
+
+func usageError(_ message: String) -> Never {
+    note(message)
+    FileHandle.standardError.write(Data((usage + "\n").utf8))
+    exit(64)
+}
+
+/// A line of output, written at once (also when standard output is a pipe).
+func say(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
+
+/// A message for the person at the keyboard, on standard error.
+func note(_ message: String) {
+    FileHandle.standardError.write(Data("\(tool): \(message)\n".utf8))
+}
+
+/// Exits with the error's message: 64 for invalid input, 69 for a missing service
+/// (avahi-daemon not running), 1 for anything else.
+func fail(_ error: PeerLinkError) -> Never {
+    note(error.message)
+    switch error.code {
+    case .invalidParameter: exit(64)
+    case .unavailable: exit(69)
+    default: exit(1)
+    }
+}
+
+func hostName() -> String {
+    var buffer = [CChar](repeating: 0, count: 256)
+    guard gethostname(&buffer, buffer.count - 1) == 0 else { return "peer" }
+    return buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
+}
+
+/// Loads the identity at `path`, creating it if missing. Also keeps the library's logs below
+/// warnings off the screen (the program, not the library, decides where logs go).
+func loadIdentity(at path: String) -> Identity {
+    LoggingSystem.bootstrap { label in
+        var handler = StreamLogHandler.standardError(label: label)
+        handler.logLevel = .warning
+        return handler
+    }
+    do throws(PeerLinkError) {
+        let loaded = try IdentityStore.loadOrCreate(at: path)
+        if loaded.created { note("created a new identity in \(loaded.path)") }
+        if let warning = loaded.warning { note("warning: \(warning)") }
+        return loaded.identity
+    } catch {
+        fail(error)
+    }
+}
+
+/// A peer on the LAN: a TCP listener, its DNS-SD advertisement, and a browser feeding a session.
+func makePeer(_ identity: Identity, name: DisplayName, service: ServiceType, policy: SessionPolicy) -> LANPeer {
+    do throws(PeerLinkError) {
+        return try LANPeer(
+            configuration: PeerSessionConfiguration(identity: identity, displayName: name, serviceType: service, policy: policy))
+    } catch {
+        fail(error)
+    }
+}
+
+/// Calls `handler` on SIGINT or SIGTERM instead of dying, so the peer can leave cleanly.
+func onTerminationSignals(_ handler: @escaping @Sendable () -> Void) -> [any DispatchSourceSignal] {
+    [SIGINT, SIGTERM].map { number in
+        signal(number, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+        source.setEventHandler(handler: handler)
+        source.resume()
+        return source
+    }
+}
+
+/// Reads standard input on a thread of its own: each line, then nil at the end.
+func readLines(_ handler: @escaping @Sendable (String?) -> Void) {
+    Thread {
+        while let line = readLine() { handler(line) }
+        handler(nil)
+    }.start()
+}
+
+let sameIdentityWarning = """
+    another program advertises this same identity: two copies with one identity never see each \
+    other. Give the second copy its own, e.g. --identity /tmp/second-identity.json
+    """
