@@ -33,6 +33,22 @@ struct SessionAutomaticTests {
         #expect(net.drops().isEmpty)
     }
 
+    /// A peer that leaves on purpose (GO_AWAY code 0) is not dialled again by the peer that stays.
+    @Test(arguments: [0, 1])
+    func aPeerThatLeftIsNotCalledBackUntilFoundAgain(leaver: Int) throws {
+        var net = try SessionNet(["ann", "bob"], policy: Self.automatic, seed: 7)
+        net.discoverEveryone()
+        net.run()
+        try #require(net.connected(0) == [1])
+        net.disconnect(leaver)
+        net.run()
+        let stayer = 1 - leaver
+        let connectionsAfterLeaving = net.connections.count
+        net.advance(by: .seconds(30), tickEvery: .seconds(1))
+        #expect(net.connections.count == connectionsAfterLeaving, "the remaining peer dialled the peer that left")
+        #expect(net.connected(stayer).isEmpty)
+    }
+
     /// Over all seeds the simulation did make both peers of a pair dial each other at once (the
     /// duplicate-link tie-break ran), so convergence above is not luck of a gentle order.
     @Test func theConvergenceRunsDoExerciseDuplicateLinks() throws {
