@@ -358,7 +358,9 @@ extension PeerSession {
                 switch event {
                 case .frame(let frame):
                     apply { core, now in (core.machine.frameReceived(frame, on: id, at: now), ()) }
-                case .closed(let code, let reason, _):
+                case .closed(let code, let reason, let byPeer):
+                    // After the handshake, only an admission check closes a link with code 7.
+                    if byPeer, code == .identityMismatch { refusedByPeer(established.remote, reason: reason) }
                     apply { core, now in (core.machine.linkClosed(id, code: code, reason: reason, at: now), ()) }
                 }
             }
@@ -371,8 +373,13 @@ extension PeerSession {
         unregister(id)
     }
 
-    /// The handshake is done: the state machine learns of the link (unless the session stops).
+    /// The handshake is done: the state machine learns of the link (unless the session stops,
+    /// or ``PeerSessionConfiguration/admit`` refuses the peer).
     private func admit(_ link: Link, id: LinkID, _ established: Link.Established) -> Bool {
+        if let admit = configuration.admit, !admit(established.remote) {
+            refuse(link, id: id, established.remote)
+            return false
+        }
         let now = time.now()
         let (effects, admitted) = core.withLock { core -> ([Effect], Bool) in
             guard core.phase == .running, var entry = core.links[id] else {
@@ -388,6 +395,38 @@ extension PeerSession {
         }
         perform(effects)
         return admitted
+    }
+
+    /// The text a refused peer gets in its `GO_AWAY`.
+    static let refusalReason = "not a known peer: only known peers are admitted"
+
+    /// ``PeerSessionConfiguration/admit`` refused the peer on `link`: `GO_AWAY` 7 to it, and the
+    /// app is told (a refused dial is a failed dial, so an invitation waiting for it fails).
+    private func refuse(_ link: Link, id: LinkID, _ peer: PeerID) {
+        let reason = "refused \(peer.displayName) (id \(peer.fingerprint.grouped)): not a known peer"
+        let dialed = core.withLock { core -> PeerID? in
+            guard let entry = core.links[id] else { return nil }
+            logger.info("peer refused", metadata: linkMetadata(id, entry).merging(peerMetadata(peer), uniquingKeysWith: { $1 }))
+            return entry.dialed
+        }
+        link.close(code: .identityMismatch, reason: Self.refusalReason)
+        if let dialed {
+            dialFailed(dialed, reason: reason, report: reason)
+        } else {
+            core.withLock { core in
+                guard core.phase == .running else { return }
+                eventSink.yield(.linkFailed(peer, reason: reason))
+            }
+        }
+    }
+
+    /// The peer closed an established link with `GO_AWAY` 7: its admission refused this peer.
+    private func refusedByPeer(_ peer: PeerID, reason: String) {
+        logger.info("refused by the peer", metadata: peerMetadata(peer).merging(["reason": "\(reason)"], uniquingKeysWith: { $1 }))
+        core.withLock { core in
+            guard core.phase == .running else { return }
+            eventSink.yield(.linkFailed(peer, reason: "\(peer.displayName) (id \(peer.fingerprint.grouped)) refused the link: \(reason)"))
+        }
     }
 
     /// A link that never got established: a dialled one is a failed dial; an incoming one is

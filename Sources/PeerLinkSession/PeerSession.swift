@@ -16,11 +16,21 @@ public struct PeerSessionConfiguration: Sendable {
     public var linkPolicy: LinkPolicy
     /// How long one dial of one endpoint may take.
     public var dialTimeout: Duration
+    /// Trust: whether a peer may take part, asked once per link right after its handshake
+    /// authenticated the peer (its key is proven) and before the session sees the link. A peer it
+    /// refuses gets `GO_AWAY` 7 (*identity mismatch*) with the reason "not a known peer", the
+    /// link goes, and the app hears ``PeerSessionEvent/linkFailed(_:reason:)`` ("refused NAME
+    /// (id …): not a known peer"); the refused side hears it as a `linkFailed`, too. nil admits
+    /// every peer (the default). Called with no lock held, on the link's task: keep it quick, and
+    /// do not wait on the session from it. Automatic mode still invites found peers (and tries
+    /// again after the invitation timeout), so each attempt is refused and reported again.
+    public var admit: (@Sendable (PeerID) -> Bool)?
 
     public init(
         identity: Identity, displayName: DisplayName, serviceType: ServiceType,
         encryption: EncryptionPreference = .required, policy: SessionPolicy = SessionPolicy(),
-        linkPolicy: LinkPolicy = LinkPolicy(), dialTimeout: Duration = .seconds(5)
+        linkPolicy: LinkPolicy = LinkPolicy(), dialTimeout: Duration = .seconds(5),
+        admit: (@Sendable (PeerID) -> Bool)? = nil
     ) {
         self.identity = identity
         self.displayName = displayName
@@ -29,6 +39,7 @@ public struct PeerSessionConfiguration: Sendable {
         self.policy = policy
         self.linkPolicy = linkPolicy
         self.dialTimeout = dialTimeout
+        self.admit = admit
     }
 
     /// The local peer as others see it.
@@ -85,7 +96,8 @@ public enum PeerSessionEvent: Sendable, Hashable, CustomStringConvertible {
     /// A message from a connected peer.
     case message(from: PeerID, data: [UInt8], reliable: Bool)
     /// Something the app should show: a dial that failed, a handshake refusal (such as
-    /// encryption *required* × *none*, reported on both sides), a join a member refused, the
+    /// encryption *required* × *none*, reported on both sides), a peer refused by
+    /// ``PeerSessionConfiguration/admit`` (reported on both sides), a join a member refused, the
     /// listener failing, or an invitation shown with ``invitationReceived(_:from:context:)`` that
     /// can no longer be answered (timed out, the inviter left, the tie-break settled it; see
     /// ``PeerSession/invitationsAwaitingAnswer()``). `peer` is nil when the other side is not
@@ -135,6 +147,8 @@ public enum PeerSessionEvent: Sendable, Hashable, CustomStringConvertible {
 /// - Incoming links that end before the handshake without a word (a browser checking that the
 ///   port is alive) are not reported; refusals (encryption, service, version) are, as
 ///   ``PeerSessionEvent/linkFailed(_:reason:)``.
+/// - With ``PeerSessionConfiguration/admit`` set, a peer it refuses never reaches the session:
+///   its link is closed right after the handshake with `GO_AWAY` 7, and both sides report it.
 /// - Logs (info and below) carry `peer.id`, `transport` and `link.id`.
 public final class PeerSession: Sendable {
     public let configuration: PeerSessionConfiguration

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import PeerLink
+import Synchronization
 
 struct Chat: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -9,6 +10,10 @@ struct Chat: AsyncParsableCommand {
             By default every peer found with the same service type joins without prompts (--auto). \
             With --invite NAME, this peer invites the peer called NAME; invitations from others are \
             asked about on a terminal, or accepted with --accept-all.
+
+            With --refuse-unknown, only peers already in the known-peers file (next to the identity: \
+            peers met before) are admitted; any other is refused right after its handshake, and both \
+            sides print why. Meet a peer once without the flag to trust it.
 
             Typed lines go to every connected peer. Commands: /peers lists the peers with transport, \
             id and verification code; /quit leaves.
@@ -36,6 +41,9 @@ struct Chat: AsyncParsableCommand {
 
     @Option(help: "Encryption: required (the default), optional (encrypts unless the other side refuses) or none.")
     var encryption: String = "required"
+
+    @Flag(help: "Admit only peers met before (in the known-peers file); refuse every other peer.")
+    var refuseUnknown = false
 
     @Option(help: "Seconds to wait for a first peer when reading from a script before giving up.")
     var wait: Double = 30
@@ -78,14 +86,17 @@ struct Chat: AsyncParsableCommand {
         let identityPath = peer.identity ?? IdentityStore.defaultPath()
         let knownPath = KnownPeersStore.defaultPath(identityPath: identityPath)
         let node: LANPeer
-        let knownAtStart: KnownPeers
+        let known: SharedKnownPeers
         do {
             let identity = try peer.loadIdentity()
-            knownAtStart = try KnownPeersStore.load(at: knownPath)
+            let shared = SharedKnownPeers(try KnownPeersStore.load(at: knownPath))
+            known = shared
+            var admit: (@Sendable (PeerID) -> Bool)?
+            if refuseUnknown { admit = { candidate in shared.isKnown(candidate) } }
             let configuration = PeerSessionConfiguration(
                 identity: identity, displayName: displayName, serviceType: serviceType,
                 encryption: Self.preference(encryption) ?? .required,
-                policy: SessionPolicy(automatic: invite == nil))
+                policy: SessionPolicy(automatic: invite == nil), admit: admit)
             node = try LANPeer(configuration: configuration, logger: logger)
         } catch {
             throw fail(error)
@@ -93,6 +104,10 @@ struct Chat: AsyncParsableCommand {
         let session = node.session
         let console = ChatConsole(interactive: interactive)
         console.status("Chatting as \(displayName) (id \(session.localPeer.fingerprint.grouped)) on \(serviceType.dnsSDType)\(invite.map { ", inviting \($0)" } ?? ", joining every peer found"). /peers lists peers, /quit leaves.")
+        if refuseUnknown {
+            let count = known.withLock { $0.entries.count }
+            console.status("Admitting only the \(count) known peer\(count == 1 ? "" : "s") in \(knownPath); others are refused.")
+        }
 
         let inviteName = invite
         let acceptEverything = acceptAll
@@ -105,14 +120,15 @@ struct Chat: AsyncParsableCommand {
             }
             // Events: joins, leaves, messages, invitations.
             group.addTask {
-                var known = knownAtStart
                 var present: Set<PeerID> = []
                 for await event in session.events {
                     switch event {
                     case .peerStateChanged(let id, .connected, _):
                         guard present.insert(id).inserted else { break }
-                        let verdict = known.meet(id, at: Date().timeIntervalSince1970)
-                        try? KnownPeersStore.save(known, at: knownPath)
+                        let (verdict, snapshot) = known.withLock { known in
+                            (known.meet(id, at: Date().timeIntervalSince1970), known)
+                        }
+                        try? KnownPeersStore.save(snapshot, at: knownPath)
                         let code = await session.info(for: id)?.verificationCode
                         console.event("* \(id.displayName) joined")
                         switch verdict {
@@ -313,5 +329,23 @@ final class ChatConsole: @unchecked Sendable {
         String(decoding: data, as: UTF8.self).unicodeScalars.map { scalar in
             scalar.properties.generalCategory == .control && scalar != "\t" ? "?" : String(scalar)
         }.joined()
+    }
+}
+
+/// The known peers, shared by the event loop (which remembers every peer met) and the admission
+/// check of --refuse-unknown.
+final class SharedKnownPeers: Sendable {
+    private let peers: Mutex<KnownPeers>
+
+    init(_ peers: KnownPeers) {
+        self.peers = Mutex(peers)
+    }
+
+    func withLock<R: Sendable>(_ body: (inout KnownPeers) -> R) -> R {
+        peers.withLock { body(&$0) }
+    }
+
+    func isKnown(_ peer: PeerID) -> Bool {
+        peers.withLock { $0.isKnown(peer.fingerprint) }
     }
 }

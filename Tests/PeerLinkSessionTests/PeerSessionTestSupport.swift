@@ -193,11 +193,11 @@ struct SessionNode: Sendable {
     /// A peer on the in-memory network, listening at `memory://name`.
     static func memory(
         _ name: String, on network: MemoryNetwork, automatic: Bool = false, encryption: EncryptionPreference = .optional,
-        clock: ManualClock, log: TestLog
+        clock: ManualClock, log: TestLog, admit: (@Sendable (PeerID) -> Bool)? = nil
     ) throws -> SessionNode {
         let configuration = PeerSessionConfiguration(
             identity: .generate(), displayName: try DisplayName(name), serviceType: chat, encryption: encryption,
-            policy: SessionPolicy(automatic: automatic))
+            policy: SessionPolicy(automatic: automatic), admit: admit)
         let listener = try network.listen(name: name)
         let session = PeerSession(
             configuration: configuration, transport: network.transport, listener: listener, clock: clock, logger: log.logger)
