@@ -75,6 +75,7 @@ extension PeerSession {
             case .running:
                 core.phase = .stopping
                 let known = Set(core.machine.allLinks)
+                handOverQueuedFrames(in: &core)
                 var effects = carryOut(core.machine.disconnect(at: now), in: &core)
                 for (id, entry) in core.links where !known.contains(id) {
                     effects.append(.close(entry.link, code: .normal, reason: reason))
@@ -98,6 +99,23 @@ extension PeerSession {
             finished.fire()
         }
         return running
+    }
+
+    /// Queues on each link every frame the state machine still holds for it (messages the app
+    /// sent that the link's writer has not taken yet), ahead of the `GO_AWAY` that leaving puts
+    /// on it, so messages sent just before ``disconnect()`` still go out — the state machine
+    /// drops what it holds when it disconnects. The links have until ``shutdownGrace`` to write them.
+    private func handOverQueuedFrames(in core: inout SessionCore) {
+        for id in core.machine.allLinks {
+            guard let link = core.links[id]?.link else { continue }
+            while let frame = core.machine.nextFrame(for: id) {
+                do throws(PeerLinkError) {
+                    try link.enqueue(frame)
+                } catch {
+                    break
+                }
+            }
+        }
     }
 
     /// Waits until every link task ended, at most ``shutdownGrace``; false when time ran out.

@@ -316,7 +316,8 @@ public final class PeerSession: Sendable {
         }
     }
 
-    /// Leaves the session: `GO_AWAY` code 0 on every link, every peer *not connected*. Returns
+    /// Leaves the session: messages already accepted by ``send(_:to:reliable:)`` are queued on
+    /// their links, then `GO_AWAY` code 0 on every link, every peer *not connected*. Returns
     /// once ``run()`` has closed every link and returned (at most a few seconds; at once when
     /// the session is not running).
     public func disconnect() async {
