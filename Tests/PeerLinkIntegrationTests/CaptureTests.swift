@@ -28,6 +28,13 @@ struct CaptureTests {
         var secrets: [String]
         /// The `/peers` line each side printed about the other.
         var peerLines: [String]
+        /// The port captured, and what tcpdump said: for failure messages.
+        var port: Int
+        var tcpdumpOutput: String
+
+        var summary: String {
+            "\(bytes.count) bytes captured on port \(port); /peers:\n\(peerLines.joined(separator: "\n"))\ntcpdump:\n\(tcpdumpOutput)"
+        }
     }
 
     static func contains(_ haystack: [UInt8], _ needle: some StringProtocol) -> Bool {
@@ -64,10 +71,15 @@ struct CaptureTests {
 
         let file = TestHost.temporaryDirectory("pcap") + "/chat.pcap"
         // Bounded by timeout(1) even if this test dies; -Z root: root writes the file, in a
-        // directory only root may write to; -U: each packet is written as it comes.
+        // directory only root may write to; --immediate-mode: packets reach tcpdump as they come
+        // (not a ring buffer block later: a SIGINT would drop what still waits there); -U: each
+        // packet is written to the file as it comes.
         let tcpdump = try ChildProcess(
             TestHost.which("timeout")!,
-            ["-s", "INT", "90", TestHost.which("tcpdump")!, "-i", "lo", "-n", "-U", "-Z", "root", "-w", file, "tcp port \(port)"])
+            [
+                "-s", "INT", "90", TestHost.which("tcpdump")!, "-i", "lo", "-n", "--immediate-mode", "-U", "-Z", "root", "-w", file,
+                "tcp port \(port)",
+            ])
         defer { tcpdump.terminate() }
         try await tcpdump.waitForStderrLine(containing: "listening on lo", timeout: .seconds(15))
 
@@ -90,19 +102,22 @@ struct CaptureTests {
 
         for chat in [listener, dialer] { chat.closeInput() }
         for chat in [listener, dialer] { #expect(try await chat.waitForExit() == 0, "\(chat.command)\nstderr:\n\(chat.stderr)") }
+        // The last packets (the chats' goodbyes) a moment to reach tcpdump.
+        try await Task.sleep(for: .milliseconds(500))
         tcpdump.signal(SIGINT)
         let status = try await tcpdump.waitForExit(timeout: .seconds(10))
         #expect(status == 0, "tcpdump exited \(status):\n\(tcpdump.stderr)")
+        #expect(tcpdump.stderrLines.contains("0 packets dropped by kernel"), "\(tcpdump.stderr)")
         let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: file)))
-        return Capture(bytes: bytes, secrets: secrets, peerLines: peerLines)
+        return Capture(bytes: bytes, secrets: secrets, peerLines: peerLines, port: port, tcpdumpOutput: tcpdump.stderr)
     }
 
     @Test("with --encryption required the capture holds the session's traffic but none of the message bytes", .timeLimit(.minutes(2)))
     func requiredHidesMessages() async throws {
         let capture = try await Self.capture(encryption: "required")
         // A pcap file header is 24 bytes; packets follow.
-        #expect(capture.bytes.count > 24 + 1000, "the capture is (nearly) empty: \(capture.bytes.count) bytes")
-        #expect(Self.contains(capture.bytes, "PLNK"), "the link preface is missing: the capture did not see the session")
+        #expect(capture.bytes.count > 24 + 1000, "the capture is (nearly) empty: \(capture.summary)")
+        #expect(Self.contains(capture.bytes, "PLNK"), "the link preface is missing: the capture did not see the session: \(capture.summary)")
         for secret in capture.secrets {
             #expect(!Self.contains(capture.bytes, secret), "\(secret) is readable in the capture")
         }
@@ -114,9 +129,9 @@ struct CaptureTests {
     @Test("control: with --encryption none the same capture shows both messages in clear", .timeLimit(.minutes(2)))
     func noneShowsMessages() async throws {
         let capture = try await Self.capture(encryption: "none")
-        #expect(Self.contains(capture.bytes, "PLNK"), "the link preface is missing: the capture did not see the session")
+        #expect(Self.contains(capture.bytes, "PLNK"), "the link preface is missing: the capture did not see the session: \(capture.summary)")
         for secret in capture.secrets {
-            #expect(Self.contains(capture.bytes, secret), "\(secret) is not in the unencrypted capture")
+            #expect(Self.contains(capture.bytes, secret), "\(secret) is not in the unencrypted capture: \(capture.summary)")
         }
         for line in capture.peerLines {
             #expect(line.contains("NOT encrypted"), "\(line)")
