@@ -33,6 +33,20 @@ struct SessionAutomaticTests {
         #expect(net.drops().isEmpty)
     }
 
+    /// A dial that fails (the peer is not listening yet) is tried again within seconds, not after
+    /// the 30 s a declined or unanswered invitation waits.
+    @Test func aFailedDialIsRetriedSoon() throws {
+        var net = try SessionNet(["ann", "bob"], policy: Self.automatic, seed: 3)
+        net.failingDials = [[0, 1], [1, 0]]
+        net.discoverEveryone()
+        net.run()
+        #expect(net.connected(0).isEmpty)
+        net.failingDials = []
+        net.advance(by: SessionPolicy.automaticRetryAfterFailure + .milliseconds(500), tickEvery: .milliseconds(250))
+        net.run()
+        #expect(net.connected(0) == [1] && net.connected(1) == [0])
+    }
+
     /// A peer that leaves on purpose (GO_AWAY code 0) is not dialled again by the peer that stays.
     @Test(arguments: [0, 1])
     func aPeerThatLeftIsNotCalledBackUntilFoundAgain(leaver: Int) throws {

@@ -21,8 +21,8 @@ struct ChatTrustTests {
     static func meet(_ first: (String, String), _ second: (String, String), service: String) async throws -> (ChildProcess, ChildProcess) {
         let one = try chat(first.0, service: service, home: first.1)
         let two = try chat(second.0, service: service, home: second.1)
-        try await one.waitForLine(containing: "* \(second.0) joined", timeout: .seconds(30))
-        try await two.waitForLine(containing: "* \(first.0) joined", timeout: .seconds(30))
+        try await one.waitForLine(containing: "* \(second.0) joined", timeout: .seconds(45))
+        try await two.waitForLine(containing: "* \(first.0) joined", timeout: .seconds(45))
         return (one, two)
     }
 

@@ -155,9 +155,15 @@ extension SessionStateMachine {
         if final != .accepted, var record = peers[fingerprint] {
             if !record.isMember { record.lostReason = "invitation \(final)" }
             if invitation.automatic {
-                if final == .sessionFull {
+                switch final {
+                case .sessionFull:
                     record.autoBlocked = true
-                } else {
+                case .failed:
+                    // The invitation never reached the peer (a dial that failed, a link that
+                    // broke): try again soon, as a peer that is just starting may not listen yet.
+                    record.autoRetryAt = now + min(policy.invitationTimeout, SessionPolicy.automaticRetryAfterFailure)
+                default:
+                    // The peer said no, or did not answer: leave it alone for a while.
                     record.autoRetryAt = now + policy.invitationTimeout
                 }
             }

@@ -103,6 +103,9 @@ public struct SessionPolicy: Hashable, Sendable {
     /// Invitations answered by the app, 8 peers, 30 s invitations.
     public static let `default` = SessionPolicy()
 
+    /// How soon automatic mode invites a peer again after an invitation that never reached it.
+    public static let automaticRetryAfterFailure: Duration = .seconds(2)
+
     /// - Throws: a ``PeerLinkError`` (`invalidParameter`) naming the value that is out of range.
     public func validate() throws(PeerLinkError) {
         guard (2...Self.largestSession).contains(maximumPeers) else {
