@@ -90,6 +90,12 @@ let package = Package(
         ),
 
         // Examples, built with everything else so they never rot.
+        .target(
+            name: "PeerLinkExampleSupport",
+            dependencies: ["PeerLink", .product(name: "Logging", package: "swift-log")],
+            path: "Examples/Support",
+            swiftSettings: strict
+        ),
         .executableTarget(
             name: "peerlink-example-discover",
             dependencies: ["PeerLink"],
@@ -99,21 +105,21 @@ let package = Package(
         ),
         .executableTarget(
             name: "peerlink-example-browsechat",
-            dependencies: ["PeerLink", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["PeerLinkExampleSupport", "PeerLink", .product(name: "Logging", package: "swift-log")],
             path: "Examples/BrowseChat",
             exclude: ["README.md"],
             swiftSettings: strict
         ),
         .executableTarget(
             name: "peerlink-example-counter",
-            dependencies: ["PeerLink", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["PeerLinkExampleSupport", "PeerLink", .product(name: "Logging", package: "swift-log")],
             path: "Examples/Counter",
             exclude: ["README.md"],
             swiftSettings: strict
         ),
         .executableTarget(
             name: "peerlink-example-automesh",
-            dependencies: ["PeerLink", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["PeerLinkExampleSupport", "PeerLink", .product(name: "Logging", package: "swift-log")],
             path: "Examples/AutoMesh",
             exclude: ["README.md"],
             swiftSettings: strict

@@ -8,6 +8,7 @@
 import Foundation
 import Logging
 import PeerLink
+import PeerLinkExampleSupport
 
 let tool = "peerlink-example-browsechat"
 let usage = """
@@ -36,7 +37,7 @@ enum BrowseChatExample {
     }
 
     static func main() async {
-        let arguments = parseArguments(["--name", "--service", "--identity"])
+        let arguments = parseArguments(["--name", "--service", "--identity"], usage: usage)
         let name = validName(arguments["--name"] ?? hostName())
         let service = validService(arguments["--service"] ?? "chat")
         let identity = loadIdentity(at: arguments["--identity"] ?? IdentityStore.defaultPath())
@@ -250,123 +251,3 @@ enum BrowseChatExample {
 func message(_ error: any Error) -> String {
     (error as? PeerLinkError)?.message ?? "\(error)"
 }
-
-/// Text safe to print: invalid UTF-8 replaced, control characters (a hostile peer's terminal
-/// escape sequences) shown as '?'.
-func printable(_ data: [UInt8]) -> String {
-    String(decoding: data, as: UTF8.self).unicodeScalars.map { scalar in
-        scalar.properties.generalCategory == .control && scalar != "\t" ? "?" : String(scalar)
-    }.joined()
-}
-
-// MARK: - The plumbing every example has: arguments, identity, signals, standard input.
-
-/// `--key VALUE` or `--key=VALUE` for the keys given; `-h`/`--help` prints the usage.
-func parseArguments(_ keys: Set<String>) -> [String: String] {
-    var values: [String: String] = [:]
-    var rest = CommandLine.arguments.dropFirst()
-    while let argument = rest.popFirst() {
-        if argument == "-h" || argument == "--help" {
-            say(usage)
-            exit(0)
-        }
-        let parts = argument.split(separator: "=", maxSplits: 1).map(String.init)
-        guard let key = parts.first, keys.contains(key) else { usageError("unknown argument '\(argument)'") }
-        guard let value = parts.count == 2 ? parts[1] : rest.popFirst() else { usageError("\(key) needs a value") }
-        values[key] = value
-    }
-    return values
-}
-
-func validName(_ text: String) -> DisplayName {
-    do { return try DisplayName(text) } catch { usageError("--name: \(error.description)") }
-}
-
-func validService(_ text: String) -> ServiceType {
-    do { return try ServiceType(text) } catch { usageError("--service: \(error.description)") }
-}
-
-func usageError(_ message: String) -> Never {
-    note(message)
-    FileHandle.standardError.write(Data((usage + "\n").utf8))
-    exit(64)
-}
-
-/// A line of output, written at once (also when standard output is a pipe).
-func say(_ line: String) {
-    FileHandle.standardOutput.write(Data((line + "\n").utf8))
-}
-
-/// A message for the person at the keyboard, on standard error.
-func note(_ message: String) {
-    FileHandle.standardError.write(Data("\(tool): \(message)\n".utf8))
-}
-
-/// Exits with the error's message: 64 for invalid input, 69 for a missing service
-/// (avahi-daemon not running), 1 for anything else.
-func fail(_ error: PeerLinkError) -> Never {
-    note(error.message)
-    switch error.code {
-    case .invalidParameter: exit(64)
-    case .unavailable: exit(69)
-    default: exit(1)
-    }
-}
-
-func hostName() -> String {
-    var buffer = [CChar](repeating: 0, count: 256)
-    guard gethostname(&buffer, buffer.count - 1) == 0 else { return "peer" }
-    return buffer.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
-}
-
-/// Loads the identity at `path`, creating it if missing. Also keeps the library's logs below
-/// warnings off the screen (the program, not the library, decides where logs go).
-func loadIdentity(at path: String) -> Identity {
-    LoggingSystem.bootstrap { label in
-        var handler = StreamLogHandler.standardError(label: label)
-        handler.logLevel = .warning
-        return handler
-    }
-    do throws(PeerLinkError) {
-        let loaded = try IdentityStore.loadOrCreate(at: path)
-        if loaded.created { note("created a new identity in \(loaded.path)") }
-        if let warning = loaded.warning { note("warning: \(warning)") }
-        return loaded.identity
-    } catch {
-        fail(error)
-    }
-}
-
-/// A peer on the LAN: a TCP listener, its DNS-SD advertisement, and a browser feeding a session.
-func makePeer(_ identity: Identity, name: DisplayName, service: ServiceType, policy: SessionPolicy) -> LANPeer {
-    do throws(PeerLinkError) {
-        return try LANPeer(
-            configuration: PeerSessionConfiguration(identity: identity, displayName: name, serviceType: service, policy: policy))
-    } catch {
-        fail(error)
-    }
-}
-
-/// Calls `handler` on SIGINT or SIGTERM instead of dying, so the peer can leave cleanly.
-func onTerminationSignals(_ handler: @escaping @Sendable () -> Void) -> [any DispatchSourceSignal] {
-    [SIGINT, SIGTERM].map { number in
-        signal(number, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-        source.setEventHandler(handler: handler)
-        source.resume()
-        return source
-    }
-}
-
-/// Reads standard input on a thread of its own: each line, then nil at the end.
-func readLines(_ handler: @escaping @Sendable (String?) -> Void) {
-    Thread {
-        while let line = readLine() { handler(line) }
-        handler(nil)
-    }.start()
-}
-
-let sameIdentityWarning = """
-    another program advertises this same identity: two copies with one identity never see each \
-    other. Give the second copy its own, e.g. --identity /tmp/second-identity.json
-    """
