@@ -86,7 +86,7 @@ enum Effect: Sendable {
 
 /// A one-way signal many tasks can wait for: waiting returns once it fired, or when the waiting
 /// task is cancelled.
-final class Latch: Sendable {
+package final class Latch: Sendable {
     private struct State {
         var fired = false
         var nextID = 0
@@ -95,11 +95,13 @@ final class Latch: Sendable {
 
     private let state = Mutex(State())
 
-    var isFired: Bool { state.withLock { $0.fired } }
+    package init() {}
+
+    package var isFired: Bool { state.withLock { $0.fired } }
 
     /// Fires; true the first time.
     @discardableResult
-    func fire() -> Bool {
+    package func fire() -> Bool {
         state.withLock { state in
             guard !state.fired else { return false }
             state.fired = true
@@ -109,7 +111,7 @@ final class Latch: Sendable {
         }
     }
 
-    func wait() async {
+    package func wait() async {
         let id = state.withLock { state -> Int in
             state.nextID += 1
             return state.nextID

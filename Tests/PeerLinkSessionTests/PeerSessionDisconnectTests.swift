@@ -8,16 +8,7 @@ import Testing
 struct PeerSessionDisconnectTests {
     @Test("messages sent right before disconnect() still arrive, in order, before the peer sees the leave")
     func queuedMessagesGoOutFirst() async throws {
-        let network = MemoryNetwork()
-        let clock = ManualClock()
-        let log = TestLog()
-        let ana = try SessionNode.memory("ana", on: network, automatic: true, clock: clock, log: log)
-        let bo = try SessionNode.memory("bo", on: network, automatic: true, clock: clock, log: log)
-        try await withRunning([ana, bo]) {
-            ana.find([bo])
-            bo.find([ana])
-            try await ana.log.wait("Ana sees Bo connected") { $0.state(of: bo.peer) == .connected }
-            try await bo.log.wait("Bo sees Ana connected") { $0.state(of: ana.peer) == .connected }
+        try await withConnectedPair { ana, bo in
 
             // A script's last lines: sent, then leave at once (no await in between lets the
             // link's writer take them first).

@@ -133,46 +133,6 @@ extension [PeerSessionEvent] {
     }
 }
 
-/// A one-way signal for tests.
-final class Gate: Sendable {
-    private struct State {
-        var open = false
-        var nextID = 0
-        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
-    }
-
-    private let state = Mutex(State())
-
-    func open() {
-        state.withLock { state in
-            state.open = true
-            for waiter in state.waiters.values { waiter.resume() }
-            state.waiters = [:]
-        }
-    }
-
-    /// Returns once open, or when its task is cancelled.
-    func wait() async {
-        let id = state.withLock { state -> Int in
-            state.nextID += 1
-            return state.nextID
-        }
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                state.withLock { state in
-                    if state.open || Task.isCancelled {
-                        continuation.resume()
-                    } else {
-                        state.waiters[id] = continuation
-                    }
-                }
-            }
-        } onCancel: {
-            state.withLock { $0.waiters.removeValue(forKey: id)?.resume() }
-        }
-    }
-}
-
 /// One peer of a test: a session, the listener it accepts on, its event log.
 struct SessionNode: Sendable {
     static let chat = try! ServiceType("chat")
@@ -181,7 +141,7 @@ struct SessionNode: Sendable {
     let listener: any TransportListener
     let log = EventLog()
     /// Opening it cancels the task running ``PeerSession/run()``, like killing the process.
-    let kill = Gate()
+    let kill = Latch()
 
     var peer: PeerID { session.localPeer }
 
@@ -224,6 +184,22 @@ struct SessionNode: Sendable {
 
 /// Runs every node (session and event log) around `body`; then disconnects them all, waits
 /// for every ``PeerSession/run()`` to return, and closes the listeners.
+/// Two automatic peers on the memory transport, running and connected to each other, for `body`.
+func withConnectedPair(_ body: (_ ana: SessionNode, _ bo: SessionNode) async throws -> Void) async throws {
+    let network = MemoryNetwork()
+    let clock = ManualClock()
+    let log = TestLog()
+    let ana = try SessionNode.memory("ana", on: network, automatic: true, clock: clock, log: log)
+    let bo = try SessionNode.memory("bo", on: network, automatic: true, clock: clock, log: log)
+    try await withRunning([ana, bo]) {
+        ana.find([bo])
+        bo.find([ana])
+        try await ana.log.wait("Ana sees Bo connected") { $0.state(of: bo.peer) == .connected }
+        try await bo.log.wait("Bo sees Ana connected") { $0.state(of: ana.peer) == .connected }
+        try await body(ana, bo)
+    }
+}
+
 func withRunning(_ nodes: [SessionNode], _ body: () async throws -> Void) async throws {
     try await withThrowingTaskGroup(of: Void.self) { group in
         for node in nodes {

@@ -111,7 +111,7 @@ struct PeerSessionTests {
             let survivors = nodes.filter { $0.peer != victim.peer }
             victim.listener.close()
             for node in survivors { node.session.discovered(.lost(victim.peer)) }
-            victim.kill.open()
+            victim.kill.fire()
             for node in survivors {
                 try await node.log.wait("\(node.peer.displayName) sees the victim gone") { $0.state(of: victim.peer) == .notConnected }
             }
@@ -184,16 +184,7 @@ struct PeerSessionTests {
 
     @Test("a 1 MiB reliable message arrives intact, and small messages sent after it arrive too")
     func largeMessage() async throws {
-        let network = MemoryNetwork()
-        let clock = ManualClock()
-        let log = TestLog()
-        let ana = try SessionNode.memory("ana", on: network, automatic: true, clock: clock, log: log)
-        let bo = try SessionNode.memory("bo", on: network, automatic: true, clock: clock, log: log)
-        try await withRunning([ana, bo]) {
-            ana.find([bo])
-            bo.find([ana])
-            try await ana.log.wait("Ana sees Bo connected") { $0.state(of: bo.peer) == .connected }
-            try await bo.log.wait("Bo sees Ana connected") { $0.state(of: ana.peer) == .connected }
+        try await withConnectedPair { ana, bo in
 
             let big = (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 11) }
             let small = (1...5).map { Self.text("line \($0)") }
