@@ -66,7 +66,7 @@ struct NoiseInteropTests {
         // Transport: each message goes to Python, which answers with the plaintext reversed.
         var transport = try handshake.transport()
         #expect(transport.handshakeHash == handshake.handshakeHash)
-        var generator = NoiseSeededGenerator(seed: swiftIsInitiator ? 1 : 2)
+        var generator = SeededGenerator(seed: swiftIsInitiator ? 1 : 2)
         let messages: [[UInt8]] = [
             Array("hello from swift".utf8),
             [],

@@ -42,23 +42,6 @@ struct NoiseTestFailure: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// SplitMix64: a tiny seeded generator, so the garbage tests are reproducible.
-struct NoiseSeededGenerator: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-
-    mutating func bytes(_ count: Int) -> [UInt8] {
-        (0..<count).map { _ in UInt8.random(in: .min ... .max, using: &self) }
-    }
-}
-
 enum NoiseKeys {
     static func privateKey(_ hex: String) throws -> Curve25519.KeyAgreement.PrivateKey {
         try Curve25519.KeyAgreement.PrivateKey(rawRepresentation: NoiseHex.decode(hex))
@@ -763,7 +746,7 @@ struct NoiseHandshakeTests {
     /// of XX, which nothing authenticates, accepts any 32 bytes or more), and none disturbs the
     /// state: the genuine message still completes the handshake afterwards.
     @Test func randomGarbageAtEveryStage() throws {
-        var generator = NoiseSeededGenerator(seed: 0x5EED_0F_4015E)
+        var generator = SeededGenerator(seed: 0x5EED_0F_4015E)
         func garbage() -> [UInt8] {
             let length: Int =
                 switch Int.random(in: 0..<10, using: &generator) {

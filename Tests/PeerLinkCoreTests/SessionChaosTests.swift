@@ -10,7 +10,7 @@ struct SessionChaosTests {
     /// *connecting* unless an app has not answered yet, and no message arrived twice.
     @Test(arguments: Array(1...60) as [UInt64])
     func invariantsHold(seed: UInt64) throws {
-        var random = WireSeededGenerator(seed: seed &* 977)
+        var random = SeededGenerator(seed: seed &* 977)
         let count = Int.random(in: 3...9, using: &random)
         let maximumPeers = Int.random(in: 3...8, using: &random)
         let automatic = Bool.random(using: &random)

@@ -76,7 +76,7 @@ struct SessionNet {
     var connections: [Connection] = []
     var now: Duration = .zero
     var step: Duration = .milliseconds(1)
-    var generator: WireSeededGenerator
+    var generator: SeededGenerator
     /// Dials from the first node to the second fail.
     var failingDials: Set<[Int]> = []
     /// Frames from the first node to the second are dropped (a silent peer).
@@ -89,7 +89,7 @@ struct SessionNet {
     var stepsTaken = 0
 
     init(_ names: [String], policy: SessionPolicy = .default, seed: UInt64 = 1, policies: [Int: SessionPolicy] = [:]) throws {
-        generator = WireSeededGenerator(seed: seed)
+        generator = SeededGenerator(seed: seed)
         for (index, name) in names.enumerated() {
             let session = SessionID(bytes: [UInt8](repeating: UInt8(index + 1), count: 16))!
             let peer = sessionPeer(name)

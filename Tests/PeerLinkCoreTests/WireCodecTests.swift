@@ -390,7 +390,7 @@ struct WireMalformedTests {
 
     /// Random bytes through every decoder: errors, never traps.
     @Test func randomGarbageNeverTraps() {
-        var generator = WireSeededGenerator(seed: 42)
+        var generator = SeededGenerator(seed: 42)
         for _ in 0..<2000 {
             let count = Int.random(in: 0...64, using: &generator)
             var bytes = (0..<count).map { _ in UInt8.random(in: 0...255, using: &generator) }

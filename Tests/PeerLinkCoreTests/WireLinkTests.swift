@@ -452,7 +452,7 @@ struct WireLinkHostileTests {
         var link = LinkStateMachine(
             role: .dialer, identity: .generate(), preface: WireFixture.preface(), hello: WireFixture.hello("Ana"))
         _ = link.start(at: .zero)
-        var generator = WireSeededGenerator(seed: 7)
+        var generator = SeededGenerator(seed: 7)
         let garbage = (0..<96).map { _ in UInt8.random(in: 0...255, using: &generator) }
         let outputs = link.receive(WireFixture.preface().encoded() + [0, 0, 96] + garbage, at: .zero)
         #expect(outputs.closure?.code == .handshakeFailed)

@@ -1,8 +1,8 @@
 import PeerLinkCore
 import Testing
 
-/// SplitMix64: a tiny seeded generator, so every random split is reproducible.
-struct WireSeededGenerator: RandomNumberGenerator {
+/// SplitMix64: a tiny seeded generator, so every random test of this target is reproducible.
+struct SeededGenerator: RandomNumberGenerator {
     private var state: UInt64
     init(seed: UInt64) { state = seed }
     mutating func next() -> UInt64 {
@@ -11,6 +11,10 @@ struct WireSeededGenerator: RandomNumberGenerator {
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
         return z ^ (z >> 31)
+    }
+
+    mutating func bytes(_ count: Int) -> [UInt8] {
+        (0..<count).map { _ in UInt8.random(in: .min ... .max, using: &self) }
     }
 }
 
@@ -50,7 +54,7 @@ enum Splits {
     /// The ways the decoder tests feed a stream: whole, byte by byte, at 50 random cut points at
     /// once, and split in two at each of 50 random points.
     static func replays(of bytes: [UInt8], seed: UInt64 = 0x5EED) -> [(name: String, pieces: [ArraySlice<UInt8>])] {
-        var generator = WireSeededGenerator(seed: seed)
+        var generator = SeededGenerator(seed: seed)
         var replays: [(String, [ArraySlice<UInt8>])] = [
             ("whole", [bytes[...]]),
             ("byte by byte", bytes.indices.map { bytes[$0..<$0 + 1] }),
@@ -161,7 +165,7 @@ struct LinkPair {
     private var endSentToListener = false
     private var endSentToDialer = false
     private let granularity: Granularity
-    private var generator: WireSeededGenerator
+    private var generator: SeededGenerator
 
     let dialerIdentity: Identity
     let listenerIdentity: Identity
@@ -198,7 +202,7 @@ struct LinkPair {
             case .random(let seed): seed
             default: 0
             }
-        generator = WireSeededGenerator(seed: seed)
+        generator = SeededGenerator(seed: seed)
     }
 
     var dialerPeer: PeerID { dialer.localPeer }
