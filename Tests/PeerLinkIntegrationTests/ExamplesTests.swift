@@ -73,8 +73,7 @@ struct ExamplesTests {
             bob.terminate()
         }
         try await ann.waitForLine(containing: "+ [1] Bob ", timeout: .seconds(30))
-        ann.type("invite 1\n")
-        try await bob.waitForLine(timeout: .seconds(15)) { $0.hasPrefix("Ann (id ") && $0.hasSuffix("invites you to chat. accept? [y/n]") }
+        try await Self.invite(from: ann, "Ann", to: bob, "Bob")
         bob.type("y\n")
         try await ann.waitForLine(containing: "* Bob joined the chat", timeout: .seconds(15))
         try await bob.waitForLine(containing: "* Ann joined the chat", timeout: .seconds(15))
@@ -91,23 +90,7 @@ struct ExamplesTests {
         // Ann's new session can be invited again; she declines this time. It listens at a new
         // port: until Bob's discovery has seen it, his invitation fails ("nothing listens"), and
         // he invites again, as a person would.
-        let annBefore = ann.stdoutLines.count
-        invite: for attempt in 1...10 {
-            let bobBefore = bob.stdoutLines.count
-            bob.type("invite 1\n")
-            let deadline = ContinuousClock.now + .seconds(15)
-            while ContinuousClock.now < deadline {
-                if ann.stdoutLines.dropFirst(annBefore).contains(where: { $0.hasPrefix("Bob (id ") && $0.hasSuffix("accept? [y/n]") }) {
-                    break invite
-                }
-                if bob.stdoutLines.dropFirst(bobBefore).contains(where: { $0.hasPrefix("Ann did not join: failed") }) {
-                    break
-                }
-                try await Task.sleep(for: .milliseconds(50))
-            }
-            if attempt == 10 { throw HarnessError("Ann never got Bob's invitation.\nAnn:\n\(ann.stdout)\nBob:\n\(bob.stdout)") }
-            try await Task.sleep(for: .milliseconds(500))
-        }
+        try await Self.invite(from: bob, "Bob", to: ann, "Ann")
         ann.type("n\n")
         try await bob.waitForLine(containing: "Ann did not join: declined")
 
@@ -115,5 +98,39 @@ struct ExamplesTests {
         #expect(try await ann.waitForExit() == 0)
         bob.closeInput()
         #expect(try await bob.waitForExit() == 0)
+    }
+
+    /// Types `invite 1` into `inviter` until `invitee` shows the invitation prompt. An invitation
+    /// that fails (the invitee's advertisement is not resolved yet, or names a port its previous
+    /// session listened at) is sent again after half a second, as a person would; each try waits
+    /// up to 15 s. A failure shows both transcripts.
+    static func invite(from inviter: ChildProcess, _ inviterName: String, to invitee: ChildProcess, _ inviteeName: String) async throws {
+        let inviteeBefore = invitee.stdoutLines.count
+        for _ in 1...10 {
+            let inviterBefore = inviter.stdoutLines.count
+            inviter.type("invite 1\n")
+            let deadline = ContinuousClock.now + .seconds(15)
+            while ContinuousClock.now < deadline {
+                if invitee.stdoutLines.dropFirst(inviteeBefore).contains(where: { $0.hasPrefix("\(inviterName) (id ") && $0.hasSuffix("accept? [y/n]") }) {
+                    return
+                }
+                if inviter.stdoutLines.dropFirst(inviterBefore).contains(where: { $0.hasPrefix("\(inviteeName) did not join: failed") || $0.hasPrefix("cannot invite") || $0.hasPrefix("nobody is") }) {
+                    break
+                }
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            try await Task.sleep(for: .milliseconds(500))
+        }
+        throw HarnessError("""
+            \(inviteeName) never got \(inviterName)'s invitation.
+            \(inviterName) stdout:
+            \(inviter.stdout)
+            \(inviterName) stderr:
+            \(inviter.stderr)
+            \(inviteeName) stdout:
+            \(invitee.stdout)
+            \(inviteeName) stderr:
+            \(invitee.stderr)
+            """)
     }
 }
