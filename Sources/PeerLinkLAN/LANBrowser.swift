@@ -119,8 +119,8 @@ public final class LANBrowser: Sendable {
                 switch endpoint {
                 case .tcp(let host, let port):
                     group.addTask { await TCPProbe.isReachable(host: host, port: port, timeout: timeout) }
-                case .memory:
-                    break
+                case .rfcomm, .l2cap, .memory:
+                    break  // a LAN record only carries TCP endpoints
                 }
             }
             for await reachable in group where reachable {

@@ -45,6 +45,9 @@ struct Scan: AsyncParsableCommand {
             var host: String?
             var port: UInt16?
             var name: String?
+            var address: String?
+            var channel: UInt8?
+            var psm: UInt16?
         }
         var name: String
         var id: String
@@ -57,6 +60,10 @@ struct Scan: AsyncParsableCommand {
             endpoints = peer.endpoints.map { endpoint in
                 switch endpoint {
                 case .tcp(let host, let port): return EndpointJSON(transport: "tcp", host: host, port: port)
+                case .rfcomm(let address, let channel):
+                    return EndpointJSON(transport: "rfcomm", address: address.description, channel: channel.value)
+                case .l2cap(let address, let psm):
+                    return EndpointJSON(transport: "l2cap", address: address.description, psm: psm.value)
                 case .memory(let name): return EndpointJSON(transport: "memory", name: name)
                 }
             }
