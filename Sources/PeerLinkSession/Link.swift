@@ -56,13 +56,17 @@ public final class Link: Sendable {
     }
 
     /// What arrives on a link: frames in order, then `.closed` exactly once, then the end.
+    /// Stream frames (`DATA`, `WINDOW_UPDATE`) are handled by the link itself: a stream the
+    /// peer opened arrives as ``streamOpened(_:)``, accepted already.
     public enum Event: Hashable, Sendable, CustomStringConvertible {
         case frame(Frame)
+        case streamOpened(PeerStream)
         case closed(code: GoAwayCode, reason: String, byPeer: Bool)
 
         public var description: String {
             switch self {
             case .frame(let frame): "frame \(frame)"
+            case .streamOpened(let stream): "stream \(stream.id) (\(stream.name)) opened by the peer"
             case .closed(let code, let reason, let byPeer):
                 "closed \(byPeer ? "by the peer" : "on this side"), code \(code): \(reason)"
             }
@@ -75,13 +79,20 @@ public final class Link: Sendable {
     public let events: AsyncStream<Event>
     /// How long ``run()`` waits for the peer to end the stream after this side sent a `GO_AWAY`.
     public let closeTimeout: Duration
-    /// How many bytes may wait to be written before ``send(_:)`` waits.
+    /// How many bytes of frames other than stream data may wait to be written before
+    /// ``send(_:)`` waits.
     public let maxQueuedBytes: Int
+    /// How many bytes of stream data may wait to be written, all streams together, before a
+    /// stream's writer waits (besides waiting for its credit).
+    public let maxQueuedDataBytes: Int
+    /// The most bytes the writer seals and writes at once: what a message that arrives during a
+    /// bulk transfer may wait behind (besides what the kernel holds).
+    static let batchLimit = 2 * WireFormat.maxFramePayload
 
-    private let eventSink: AsyncStream<Event>.Continuation
-    private let clock: LinkClock
+    let eventSink: AsyncStream<Event>.Continuation
+    let clock: LinkClock
     private let logger: Logger
-    private let state: Mutex<State>
+    let state: Mutex<State>
 
     /// - Parameters:
     ///   - channel: the link's byte stream; the link owns it from now on and closes it.
@@ -89,6 +100,9 @@ public final class Link: Sendable {
     ///   - clock: the time source for timeouts and keep-alive (a manual clock in tests).
     ///   - closeTimeout: see ``closeTimeout``.
     ///   - maxQueuedBytes: see ``maxQueuedBytes``.
+    ///   - maxQueuedDataBytes: see ``maxQueuedDataBytes``.
+    ///   - streamWindow: the window each stream starts with (the spec's 256 KiB; smaller only
+    ///     in tests, and then on both sides).
     ///   - logger: where the link logs (info and below); its metadata is kept.
     public init(
         channel: any LinkChannel,
@@ -101,12 +115,15 @@ public final class Link: Sendable {
         clock: any Clock<Duration> = ContinuousClock(),
         closeTimeout: Duration = .seconds(2),
         maxQueuedBytes: Int = 256 * 1024,
+        maxQueuedDataBytes: Int = 256 * 1024,
+        streamWindow: Int = WireFormat.initialStreamWindow,
         logger: Logger
     ) {
         self.channel = channel
         self.role = role
         self.closeTimeout = closeTimeout
         self.maxQueuedBytes = max(1, maxQueuedBytes)
+        self.maxQueuedDataBytes = max(1, maxQueuedDataBytes)
         self.clock = LinkClock(clock)
         var logger = logger
         logger[metadataKey: "transport"] = "\(channel.transport)"
@@ -119,7 +136,8 @@ public final class Link: Sendable {
             State(
                 machine: LinkStateMachine(
                     role: role, identity: identity, preface: preface, hello: hello, policy: policy,
-                    expectedRemote: expectedRemote)))
+                    expectedRemote: expectedRemote),
+                streams: StreamTable(role: role, initialWindow: streamWindow)))
     }
 
     // MARK: - Public API
@@ -156,8 +174,16 @@ public final class Link: Sendable {
     /// ``WireFormat/maxBufferedBytes``).
     public var bufferedByteCount: Int { state.withLock { $0.machine.bufferedByteCount } }
 
-    /// Bytes waiting to be written, or being written.
-    public var queuedByteCount: Int { state.withLock { $0.queuedBytes } }
+    /// Bytes waiting to be written, or being written (stream data waiting for its turn not
+    /// included: see ``queuedDataByteCount``).
+    public var queuedByteCount: Int { state.withLock { $0.queuedBytes + $0.scheduler.queuedPriorityBytes } }
+
+    /// Bytes of stream data waiting for their turn to be written, all streams together.
+    public var queuedDataByteCount: Int { state.withLock { $0.scheduler.queuedDataBytes } }
+
+    /// The most bytes of stream data that ever waited at once on this link: never more than
+    /// ``maxQueuedDataBytes``, however fast the writers and however large the transfer.
+    public var peakQueuedDataByteCount: Int { state.withLock { $0.peakQueuedDataBytes } }
 
     /// The round trip of the last answered keep-alive `PING`.
     public var roundTripTime: Duration? { state.withLock { $0.machine.roundTripTime } }
@@ -192,15 +218,41 @@ public final class Link: Sendable {
                 throw PeerLinkError(
                     .notConnected, "the link to \(channel.remoteDescription) is not established yet: wait for its handshake")
             }
-            let outputs: [LinkOutput]
+            if case .goAway(let code, let reason) = frame {
+                flushScheduler(&state)
+                return apply(state.machine.close(code: code, reason: reason), to: &state, from: .send)
+            }
             do throws(WireError) {
-                outputs = try state.machine.send(frame, at: clock.now())
+                try Self.check(frame)
             } catch {
                 throw PeerLinkError(.invalidParameter, "\(frame) cannot be sent: \(error.reason)")
             }
-            return apply(outputs, to: &state, from: .send)
+            state.scheduler.enqueue(frame)
+            wakeWriter(&state)
+            return []
         }
         emit(logs)
+    }
+
+    /// Throws what encoding `frame` would, without encoding the bulk of it.
+    private static func check(_ frame: Frame) throws(WireError) {
+        switch frame {
+        case .data(let id, _, let payload), .message(let id, _, let payload):
+            guard id != 0 else { throw WireError(.protocolError, "a \(frame.type) frame needs a non-zero id") }
+            guard payload.count <= WireFormat.maxFramePayload else {
+                throw WireError(
+                    .protocolError, "a \(frame.type) frame of \(payload.count) bytes is over the limit of \(WireFormat.maxFramePayload)")
+            }
+        case .datagram(let payload):
+            guard payload.count <= WireFormat.maxFramePayload else {
+                throw WireError(
+                    .protocolError, "a DATAGRAM frame of \(payload.count) bytes is over the limit of \(WireFormat.maxFramePayload)")
+            }
+        case .windowUpdate(let id, _, _):
+            guard id != 0 else { throw WireError(.protocolError, "a WINDOW_UPDATE frame needs a non-zero id") }
+        default:
+            _ = try frame.encoded()
+        }
     }
 
     /// Waits while more than ``maxQueuedBytes`` wait to be written (see ``enqueue(_:)``).
@@ -221,6 +273,7 @@ public final class Link: Sendable {
     public func close(code: GoAwayCode = .normal, reason: String = "closed", linger: Bool = true) {
         let (logs, closeNow) = state.withLock { state -> ([LogEntry], Bool) in
             if !linger { state.lingerAllowed = false }
+            flushScheduler(&state)
             let logs = apply(state.machine.close(code: code, reason: reason), to: &state, from: .close)
             return (logs, state.phase != .running)
         }
@@ -302,7 +355,7 @@ public final class Link: Sendable {
             state.withLock { state in
                 state.writerBusy = false
                 state.queuedBytes -= batch.count
-                if state.queuedBytes <= maxQueuedBytes {
+                if state.queuedBytes + state.scheduler.queuedPriorityBytes <= maxQueuedBytes {
                     for waiter in state.roomWaiters.removeAll() { waiter.resume() }
                 }
             }
@@ -312,6 +365,7 @@ public final class Link: Sendable {
             state.writerDone = true
             state.queue = []
             state.queuedBytes = 0
+            state.scheduler.removeAll()
             let error = state.closure.map { Self.notConnected($0, remote: channel.remoteDescription) }
             for waiter in state.roomWaiters.removeAll() {
                 if let error { waiter.resume(throwing: error) } else { waiter.resume() }
@@ -346,7 +400,7 @@ public final class Link: Sendable {
     private func nextBatch() async -> [UInt8]? {
         await withCheckedContinuation { continuation in
             state.withLock { state in
-                if let batch = state.takeBatch() {
+                if let batch = takeBatch(&state) {
                     continuation.resume(returning: batch)
                 } else if state.closure != nil || state.writerDone {
                     continuation.resume(returning: nil)
@@ -365,7 +419,7 @@ public final class Link: Sendable {
                 state.withLock { state in
                     if state.writerDone, let closure = state.closure {
                         continuation.resume(throwing: Self.notConnected(closure, remote: channel.remoteDescription))
-                    } else if state.queuedBytes <= maxQueuedBytes || state.writerDone {
+                    } else if state.queuedBytes + state.scheduler.queuedPriorityBytes <= maxQueuedBytes || state.writerDone {
                         continuation.resume()
                     } else if Task.isCancelled {
                         continuation.resume(throwing: CancellationError())
@@ -446,6 +500,7 @@ public final class Link: Sendable {
         let logs = state.withLock { state -> [LogEntry] in
             state.writerDone = true
             state.queue = []
+            state.scheduler.removeAll()
             guard state.closure == nil else { return [] }
             let failure =
                 (error as? PeerLinkError)
@@ -497,12 +552,12 @@ public final class Link: Sendable {
     // MARK: - Outputs
 
     /// Where a batch of outputs came from: decides how a closure is reported.
-    private enum Source {
+    enum Source {
         case start, read, tick, send, close, cancel
         case channelFailure(PeerLinkError)
     }
 
-    private struct LogEntry {
+    struct LogEntry {
         var level: Logger.Level
         var message: Logger.Message
         var metadata: Logger.Metadata
@@ -510,7 +565,7 @@ public final class Link: Sendable {
 
     /// Carries out the state machine's outputs (under the lock): queues sends, reports the
     /// handshake, yields frames, records the closure. Returns what to log.
-    private func apply(_ outputs: [LinkOutput], to state: inout State, from source: Source) -> [LogEntry] {
+    func apply(_ outputs: [LinkOutput], to state: inout State, from source: Source) -> [LogEntry] {
         var logs: [LogEntry] = []
         for output in outputs {
             switch output {
@@ -529,7 +584,10 @@ public final class Link: Sendable {
                         metadata: state.peerMetadata.merging(
                             ["link.encrypted": "\(encrypted)", "link.version": "\(version)"], uniquingKeysWith: { $1 })))
             case .frame(let frame):
-                eventSink.yield(.frame(frame))
+                switch frame {
+                case .data, .windowUpdate: logs += receiveStreamFrame(frame, in: &state)
+                default: eventSink.yield(.frame(frame))
+                }
             case .closed(let code, let reason, let byPeer):
                 let closure = makeClosure(code: code, reason: reason, byPeer: byPeer, source: source, state: state)
                 state.closure = closure
@@ -540,6 +598,7 @@ public final class Link: Sendable {
                     state.established = .failure(closure.error)
                     for waiter in state.establishedWaiters.removeAll() { waiter.resume(throwing: closure.error) }
                 }
+                endStreams(in: &state, closure: closure)
                 eventSink.yield(.closed(code: closure.code, reason: closure.reason, byPeer: closure.byPeer))
                 eventSink.finish()
                 logs.append(
@@ -553,16 +612,7 @@ public final class Link: Sendable {
                             ], uniquingKeysWith: { $1 })))
             }
         }
-        // Wake the writer for new bytes or the close.
-        if let writer = state.writerWaiter {
-            if let batch = state.takeBatch() {
-                state.writerWaiter = nil
-                writer.resume(returning: batch)
-            } else if state.closure != nil {
-                state.writerWaiter = nil
-                writer.resume(returning: nil)
-            }
-        }
+        wakeWriter(&state)
         // Wake the ticker when its deadline moved closer or the link closed.
         if state.tickerArmed {
             let next = state.machine.nextDeadline
@@ -611,7 +661,7 @@ public final class Link: Sendable {
         PeerLinkError(.notConnected, "the link to \(remote) is closed (\(closure.reason)): dial the peer again")
     }
 
-    private func emit(_ logs: [LogEntry]) {
+    func emit(_ logs: [LogEntry]) {
         for entry in logs {
             logger.log(level: entry.level, entry.message, metadata: entry.metadata)
         }
@@ -619,11 +669,22 @@ public final class Link: Sendable {
 
     // MARK: - State
 
-    private enum Phase { case notStarted, running, finished }
+    enum Phase { case notStarted, running, finished }
 
-    private struct State {
+    struct State {
         var machine: LinkStateMachine
         var phase = Phase.notStarted
+
+        /// Frames waiting for their turn, not sealed yet: they are sealed in the order the
+        /// writer takes them, so the Noise nonces follow the order on the wire.
+        var scheduler = FrameScheduler()
+        var streams: StreamTable
+        /// The runtime side of every stream of this link (kept, small, once it ended, so a
+        /// late reader still learns how it ended).
+        var slots: [UInt32: StreamSlot] = [:]
+        var streamWaiters: [Int: StreamWaiter] = [:]
+        var nextStreamWaiter = 0
+        var peakQueuedDataBytes = 0
 
         /// Bytes for the writer, in order.
         var queue: [[UInt8]] = []
@@ -653,18 +714,64 @@ public final class Link: Sendable {
         var readerEnded = false
         var readerEndWaiter: CheckedContinuation<Void, Never>?
 
-        init(machine: LinkStateMachine) {
+        init(machine: LinkStateMachine, streams: StreamTable) {
             self.machine = machine
+            self.streams = streams
         }
+    }
 
-        /// Everything queued, joined, for one write; marks the writer busy.
-        mutating func takeBatch() -> [UInt8]? {
-            guard !queue.isEmpty, !writerDone else { return nil }
-            let batch = queue.count == 1 ? queue[0] : Array(queue.joined())
-            queue = []
-            writerBusy = true
-            return batch
+    /// Wakes the writer for new bytes or the close.
+    func wakeWriter(_ state: inout State) {
+        guard let writer = state.writerWaiter else { return }
+        if let batch = takeBatch(&state) {
+            state.writerWaiter = nil
+            writer.resume(returning: batch)
+        } else if state.closure != nil {
+            state.writerWaiter = nil
+            writer.resume(returning: nil)
         }
+    }
+
+    /// The next bytes for one write: what is sealed already, then frames from the scheduler in
+    /// its order, sealed now, up to ``batchLimit``. Marks the writer busy.
+    private func takeBatch(_ state: inout State) -> [UInt8]? {
+        guard !state.writerDone else { return nil }
+        var size = state.queue.reduce(0) { $0 + $1.count }
+        let dataBefore = state.scheduler.queuedDataBytes
+        while size < Self.batchLimit, state.closure == nil, let frame = state.scheduler.next() {
+            size += seal(frame, in: &state)
+        }
+        if state.scheduler.queuedDataBytes < dataBefore { wakeStreamWaiters(&state, stream: nil) }
+        guard !state.queue.isEmpty else { return nil }
+        let batch = state.queue.count == 1 ? state.queue[0] : Array(state.queue.joined())
+        state.queue = []
+        state.writerBusy = true
+        return batch
+    }
+
+    /// Seals one scheduled frame onto the queue; returns the bytes added.
+    private func seal(_ frame: Frame, in state: inout State) -> Int {
+        do throws(WireError) {
+            var added = 0
+            for output in try state.machine.send(frame, at: clock.now()) {
+                guard case .send(let bytes) = output else { continue }
+                state.queue.append(bytes)
+                state.queuedBytes += bytes.count
+                added += bytes.count
+            }
+            return added
+        } catch {
+            // Unreachable: frames are checked when they are scheduled.
+            logger.error("a scheduled frame could not be sealed", metadata: ["frame": "\(frame)", "reason": "\(error.reason)"])
+            return 0
+        }
+    }
+
+    /// Seals everything the scheduler holds, in its order: before a `GO_AWAY`, so what was
+    /// queued before a close still goes out.
+    private func flushScheduler(_ state: inout State) {
+        guard state.closure == nil, !state.writerDone else { return }
+        while let frame = state.scheduler.next() { _ = seal(frame, in: &state) }
     }
 }
 

@@ -57,6 +57,7 @@ extension PeerSession {
         }
         for link in leftovers { link.close(code: .normal, reason: "\(localPeer.displayName) stopped its session") }
         eventSink.finish()
+        streamSink.finish()
         finished.fire()
         logger.info("session stopped", metadata: localMetadata)
     }
@@ -96,6 +97,7 @@ extension PeerSession {
         perform(effects)
         if wasIdle {
             eventSink.finish()
+            streamSink.finish()
             finished.fire()
         }
         return running
@@ -376,6 +378,8 @@ extension PeerSession {
                 switch event {
                 case .frame(let frame):
                     apply { core, now in (core.machine.frameReceived(frame, on: id, at: now), ()) }
+                case .streamOpened(let stream):
+                    acceptStream(stream)
                 case .closed(let code, let reason, let byPeer):
                     // After the handshake, only an admission check closes a link with code 7.
                     if byPeer, code == .identityMismatch { refusedByPeer(established.remote, reason: reason) }
@@ -389,6 +393,19 @@ extension PeerSession {
             }
         }
         unregister(id)
+    }
+
+    /// A stream the peer opened: handed to the app when the peer is in the session (or on its
+    /// way in), reset otherwise.
+    private func acceptStream(_ stream: PeerStream) {
+        let accepted = core.withLock { core -> Bool in
+            guard core.phase == .running, core.machine.state(of: stream.peer) != .notConnected else { return false }
+            if case .terminated = streamSink.yield(stream) { return false }
+            return true
+        }
+        if !accepted {
+            stream.reset(reason: "\(localPeer.displayName) is not in a session with \(stream.peer.displayName)")
+        }
     }
 
     /// The handshake is done: the state machine learns of the link (unless the session stops,

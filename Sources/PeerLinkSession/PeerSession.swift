@@ -75,13 +75,22 @@ public struct ConnectedPeerInfo: Sendable, Hashable {
     /// Six digits both users can read out to check nobody sits between them
     /// (``PeerLinkCore/VerificationCode/digits(handshakeHash:)``), the same on both sides.
     public var verificationCode: String
+    /// Unreliable messages to this peer dropped on the way out (their lane was full, or too large).
+    public var droppedDatagrams: Int
+    /// Streams open on the link to this peer, both directions.
+    public var openStreams: Int
 
-    public init(peer: PeerID, transport: String, remote: String, encrypted: Bool, verificationCode: String) {
+    public init(
+        peer: PeerID, transport: String, remote: String, encrypted: Bool, verificationCode: String, droppedDatagrams: Int = 0,
+        openStreams: Int = 0
+    ) {
         self.peer = peer
         self.transport = transport
         self.remote = remote
         self.encrypted = encrypted
         self.verificationCode = verificationCode
+        self.droppedDatagrams = droppedDatagrams
+        self.openStreams = openStreams
     }
 }
 
@@ -158,6 +167,9 @@ public final class PeerSession: Sendable {
     public let localPeer: PeerID
     /// What happens in the session, for one consumer; it finishes when ``run()`` returns.
     public let events: AsyncStream<PeerSessionEvent>
+    /// Streams peers opened to the local peer, accepted already, for one consumer; it finishes
+    /// when ``run()`` returns. Read them (or reset them): an unread stream holds its sender.
+    public let incomingStreams: AsyncStream<PeerStream>
 
     /// How long ``run()`` waits for links to finish their `GO_AWAY` after a disconnect before
     /// it cuts them.
@@ -169,6 +181,7 @@ public final class PeerSession: Sendable {
     let preface: LinkPreface
     let hello: Hello
     let eventSink: AsyncStream<PeerSessionEvent>.Continuation
+    let streamSink: AsyncStream<PeerStream>.Continuation
     let spawns: AsyncStream<@Sendable () async -> Void>
     let spawner: AsyncStream<@Sendable () async -> Void>.Continuation
     let core: Mutex<SessionCore>
@@ -214,6 +227,7 @@ public final class PeerSession: Sendable {
         }
         hello = Hello(displayName: configuration.displayName)
         (events, eventSink) = AsyncStream.makeStream(of: PeerSessionEvent.self, bufferingPolicy: .unbounded)
+        (incomingStreams, streamSink) = AsyncStream.makeStream(of: PeerStream.self, bufferingPolicy: .unbounded)
         (spawns, spawner) = AsyncStream.makeStream(of: (@Sendable () async -> Void).self, bufferingPolicy: .unbounded)
         core = Mutex(SessionCore(machine: machine))
     }
@@ -275,7 +289,9 @@ public final class PeerSession: Sendable {
 
     /// Sends `data` to every peer in `peers`: reliably (ordered, up to 16 MiB) or not (one
     /// datagram of at most 16384 bytes, may be dropped). Returns once the message is queued;
-    /// each link's writer takes it when the link has room.
+    /// each link's writer takes it when the link has room. Unreliable messages never wait: one
+    /// that finds its peer's small lane full is dropped and counted
+    /// (``ConnectedPeerInfo/droppedDatagrams``).
     ///
     /// - Throws: a ``PeerLinkCore/PeerLinkError``: `notConnected` when any target is not connected
     ///   (then nothing is sent to anyone), `invalidParameter` (no peers, itself, too large).
@@ -310,10 +326,37 @@ public final class PeerSession: Sendable {
                 return ConnectedPeerInfo(
                     peer: established.remote, transport: entry.link.channel.transport,
                     remote: entry.link.channel.remoteDescription, encrypted: established.encrypted,
-                    verificationCode: entry.link.handshakeHash.map { VerificationCode.digits(handshakeHash: $0) } ?? "")
+                    verificationCode: entry.link.handshakeHash.map { VerificationCode.digits(handshakeHash: $0) } ?? "",
+                    droppedDatagrams: core.machine.droppedDatagrams(to: peer), openStreams: entry.link.streamCounts.open)
             }
             return nil
         }
+    }
+
+    /// Opens a byte stream named `name` to a connected peer, over its link, and waits for the
+    /// peer to accept it (its session accepts every stream from a peer it is connected to, and
+    /// hands it to the app on ``incomingStreams``).
+    ///
+    /// - Throws: a ``PeerLinkCore/PeerLinkError``: `notConnected` when the peer is not connected
+    ///   (or its link closes first), `invalidParameter` for a name that is empty or over 255
+    ///   bytes or for the local peer, `unavailable` when 256 streams are open to the peer already,
+    ///   the peer refused the stream, or the session is over.
+    public func openStream(named name: String, to peer: PeerID) async throws -> PeerStream {
+        let link = try core.withLock { core throws(PeerLinkError) -> Link in
+            try core.requireNotOver()
+            guard peer.fingerprint != localPeer.fingerprint else {
+                throw PeerLinkError(.invalidParameter, "a peer cannot open a stream to itself")
+            }
+            guard core.machine.state(of: peer) == .connected, let id = core.machine.sendLink(to: peer),
+                let link = core.links[id]?.link
+            else {
+                throw PeerLinkError(.notConnected, "\(peer) is not connected: open the stream once it is")
+            }
+            return link
+        }
+        let stream = try link.beginStream(named: name)
+        try await link.waitUntilAccepted(stream)
+        return stream
     }
 
     /// Leaves the session: messages already accepted by ``send(_:to:reliable:)`` are queued on

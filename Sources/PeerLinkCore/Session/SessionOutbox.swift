@@ -21,15 +21,17 @@ struct OutgoingMessage: Sendable {
 /// Everything queued for one peer, whatever link will carry it: the peer's send link can
 /// change (a duplicate collapsed, a link lost), and the queue moves with the peer.
 ///
-/// Three lanes, taken in this order: control messages (first in, first out), then unreliable
-/// messages (a small bounded lane that never waits behind reliable chunks), then reliable
-/// messages, one chunk per turn, round-robin, so a small message queued after a large one
-/// is finished long before the large one.
+/// Three lanes: control messages first (first in, first out); then unreliable messages (a small
+/// bounded lane) and reliable messages take turns, a datagram then a chunk, so neither waits
+/// behind the other; reliable messages go one chunk per turn, round-robin, so a small message
+/// queued after a large one is finished long before the large one.
 struct PeerOutbox: Sendable {
     private(set) var control: [QueuedControl] = []
     private(set) var datagrams: [[UInt8]] = []
     private(set) var messages: [OutgoingMessage] = []
     private var cursor = 0
+    /// The last frame taken from the datagram and message lanes was a datagram.
+    private(set) var datagramsLast = false
 
     var isEmpty: Bool { control.isEmpty && datagrams.isEmpty && messages.isEmpty }
 
@@ -64,7 +66,9 @@ struct PeerOutbox: Sendable {
     }
 
     mutating func takeDatagram() -> [UInt8]? {
-        datagrams.isEmpty ? nil : datagrams.removeFirst()
+        guard !datagrams.isEmpty else { return nil }
+        datagramsLast = true
+        return datagrams.removeFirst()
     }
 
     /// The next chunk, round-robin across the queued messages: one chunk of the message at the
@@ -72,6 +76,7 @@ struct PeerOutbox: Sendable {
     /// is taken (counting up on the link, skipping 0).
     mutating func takeChunk(nextID: inout UInt32) -> Frame? {
         guard !messages.isEmpty else { return nil }
+        datagramsLast = false
         if cursor >= messages.count { cursor = 0 }
         var message = messages[cursor]
         let id: UInt32

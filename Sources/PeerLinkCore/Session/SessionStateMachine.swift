@@ -73,6 +73,8 @@ public struct SessionStateMachine: Sendable {
     public internal(set) var isAutomatic: Bool
     /// Unreliable messages dropped on the way out: too large, or their lane was full.
     public internal(set) var droppedDatagrams = 0
+    /// ``droppedDatagrams`` by the peer they were for (too large ones are not counted here).
+    var droppedDatagramsByPeer: [Fingerprint: Int] = [:]
     /// Messages received from peers that are not members, dropped.
     public internal(set) var ignoredMessages = 0
 
@@ -122,6 +124,16 @@ public struct SessionStateMachine: Sendable {
     /// The established links to `peer`, oldest first.
     public func links(to peer: PeerID) -> [LinkID] {
         peers[peer.fingerprint]?.links ?? []
+    }
+
+    /// Unreliable messages for `peer` dropped because its lane was full.
+    public func droppedDatagrams(to peer: PeerID) -> Int {
+        droppedDatagramsByPeer[peer.fingerprint] ?? 0
+    }
+
+    /// The link frames for `peer` go out on now (the one its streams use), or nil.
+    public func sendLink(to peer: PeerID) -> LinkID? {
+        peers[peer.fingerprint].flatMap(sendLink(for:))
     }
 
     /// The peer at the other end of `link`, if the link is known.
@@ -303,6 +315,7 @@ public struct SessionStateMachine: Sendable {
             for fingerprint in fingerprints
             where !peers[fingerprint]!.outbox.enqueueDatagram(data, limit: policy.maximumQueuedDatagrams) {
                 droppedDatagrams += 1
+                droppedDatagramsByPeer[fingerprint, default: 0] += 1
             }
         }
         settle()
@@ -497,7 +510,10 @@ public struct SessionStateMachine: Sendable {
                 return .control(message)
             }
         }
-        if let datagram = record.outbox.takeDatagram() { return .datagram(datagram) }
+        // Datagrams and chunks take turns, so a flood of datagrams never holds up reliable messages.
+        if !record.outbox.datagramsLast || record.outbox.messages.isEmpty, let datagram = record.outbox.takeDatagram() {
+            return .datagram(datagram)
+        }
         var nextID = linkRecord.nextMessageID
         if let chunk = record.outbox.takeChunk(nextID: &nextID) {
             links[link]!.nextMessageID = nextID

@@ -26,6 +26,15 @@ public enum WireFormat {
     public static let maxContextLength = 8192
     /// The receive window every stream starts with.
     public static let initialStreamWindow = 256 * 1024
+    /// The most streams each side may have open on one link; a `SYN` beyond it is answered
+    /// with `RST`.
+    public static let maxStreamsPerLink = 256
+    /// The longest stream name a `SYN` carries, in UTF-8 bytes.
+    public static let maxStreamNameLength = 255
+    /// The longest reason an `RST` carries, in UTF-8 bytes (longer ones are cut).
+    public static let maxResetReasonLength = 1024
+    /// The largest send window a stream may reach through `WINDOW_UPDATE`s.
+    public static let maxStreamWindow = Int(UInt32.max)
 
     /// The largest record body: a whole frame, plus the tag when encryption is on.
     public static func maxRecordLength(encrypted: Bool) -> Int {

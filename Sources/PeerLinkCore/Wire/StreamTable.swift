@@ -1,0 +1,305 @@
+/// The streams of one link and their credit, as a pure value: ids by role, opening and
+/// accepting, the windows in both directions, `FIN` and `RST`, and the frames these produce.
+///
+/// It does no I/O and holds no bytes: its owner passes it the stream frames that arrive
+/// (``receive(_:)``), asks it for credit before sending (``takeCredit(_:upTo:)``), tells it what
+/// the reader consumed (``consumed(_:count:)``), and sends the frames it returns.
+///
+/// ```swift
+/// var table = StreamTable(role: .dialer)
+/// let (id, syn) = try table.open(name: "photo.jpg")      // send syn
+/// let credit = table.takeCredit(id, upTo: chunk.count)    // send that many bytes as DATA
+/// let outcome = try table.receive(frame)                  // events, and frames to send
+/// if let update = table.consumed(id, count: n) { … }      // a WINDOW_UPDATE, now and then
+/// ```
+///
+/// The rules (the *Wire Format* article has them in full):
+/// - The dialer opens odd ids (1, 3, …), the listener even ones (2, 4, …), each side counting up.
+/// - A stream opens with a `DATA` frame carrying `SYN` and the stream's name (1–255 bytes of
+///   UTF-8) as its payload; the name does not count against the window. The other side accepts
+///   with a `WINDOW_UPDATE` carrying `ACK` (credit 0), or refuses with `RST`.
+/// - Each direction starts with ``WireFormat/initialStreamWindow`` of credit. The receiver grants
+///   what its reader consumed once that is at least half the initial window.
+/// - `FIN` ends one direction; a stream is gone once both directions ended, or after `RST`
+///   (a `DATA` frame whose payload is the reason).
+/// - Protocol errors (thrown as ``WireError``, code 1): bytes over the window, bytes after `FIN`,
+///   a `SYN` with an id of the wrong parity or not above the peer's last one, or a malformed name,
+///   a `SYN` on a `WINDOW_UPDATE`, a window grown past ``WireFormat/maxStreamWindow``.
+/// - Frames for a stream that is not open (reset or closed while they were on their way) are
+///   ignored.
+public struct StreamTable: Sendable {
+    /// One open stream's accounting.
+    public struct Entry: Hashable, Sendable {
+        public let name: String
+        /// Opened by this side.
+        public let isOutgoing: Bool
+        /// The peer accepted it (always true for a stream the peer opened).
+        public internal(set) var isAccepted: Bool
+        /// Bytes this side may still send.
+        public internal(set) var sendWindow: Int
+        /// Bytes the peer may still send.
+        public internal(set) var receiveWindow: Int
+        /// Bytes the reader consumed that were not granted back yet.
+        public internal(set) var unacknowledged = 0
+        /// This side sent `FIN`.
+        public internal(set) var localFinished = false
+        /// The peer sent `FIN`.
+        public internal(set) var remoteFinished = false
+    }
+
+    /// What a received frame means for the owner.
+    public enum Event: Hashable, Sendable {
+        /// The peer opened a stream; it is accepted already (the `ACK` is among the frames).
+        case opened(id: UInt32, name: String)
+        /// The peer accepted a stream this side opened.
+        case accepted(id: UInt32)
+        /// Stream bytes, within the window.
+        case data(id: UInt32, bytes: [UInt8])
+        /// The peer finished its direction: no bytes follow.
+        case finished(id: UInt32)
+        /// The peer reset the stream (or refused to open it); it is gone.
+        case reset(id: UInt32, reason: String)
+        /// The stream's send window grew.
+        case credit(id: UInt32)
+    }
+
+    /// What ``receive(_:)`` produced: events for the owner, frames to send back.
+    public struct Outcome: Hashable, Sendable {
+        public var events: [Event] = []
+        public var frames: [Frame] = []
+    }
+
+    public let role: LinkStateMachine.Role
+    public let initialWindow: Int
+    public let maxStreams: Int
+    public private(set) var entries: [UInt32: Entry] = [:]
+    private var nextLocalID: UInt32
+    /// The highest id the peer opened so far (0: none yet).
+    private var lastRemoteID: UInt32 = 0
+
+    /// - Parameters:
+    ///   - role: which side of the link this is (decides the parity of its ids).
+    ///   - initialWindow: the window every stream starts with in each direction.
+    ///   - maxStreams: how many streams each side may have open at once.
+    public init(
+        role: LinkStateMachine.Role, initialWindow: Int = WireFormat.initialStreamWindow,
+        maxStreams: Int = WireFormat.maxStreamsPerLink
+    ) {
+        self.role = role
+        self.initialWindow = max(1, initialWindow)
+        self.maxStreams = max(1, maxStreams)
+        nextLocalID = role == .dialer ? 1 : 2
+    }
+
+    /// The stream `id`, while it is open.
+    public subscript(id: UInt32) -> Entry? { entries[id] }
+
+    /// Streams open that this side opened, and that the peer opened.
+    public var openCounts: (outgoing: Int, incoming: Int) {
+        let outgoing = entries.values.count(where: \.isOutgoing)
+        return (outgoing, entries.count - outgoing)
+    }
+
+    // MARK: - This side
+
+    /// Opens a stream: its id and the `SYN` frame to send.
+    ///
+    /// - Throws: ``PeerLinkError`` `invalidParameter` for a name that is empty or over 255 bytes,
+    ///   `unavailable` when this side has ``maxStreams`` open or the link's ids are used up.
+    public mutating func open(name: String) throws(PeerLinkError) -> (id: UInt32, frame: Frame) {
+        let bytes = Array(name.utf8)
+        guard !bytes.isEmpty, bytes.count <= WireFormat.maxStreamNameLength else {
+            throw PeerLinkError(
+                .invalidParameter,
+                "a stream name is 1 to \(WireFormat.maxStreamNameLength) bytes of UTF-8; \"\(name.prefix(40))\" is \(bytes.count)")
+        }
+        guard openCounts.outgoing < maxStreams else {
+            throw PeerLinkError(
+                .unavailable, "\(maxStreams) streams are open to this peer already: finish or reset one before opening another")
+        }
+        guard nextLocalID <= UInt32.max - 1 else {
+            throw PeerLinkError(.unavailable, "this link has used up its stream ids: disconnect and connect again")
+        }
+        let id = nextLocalID
+        nextLocalID += 2
+        entries[id] = Entry(
+            name: name, isOutgoing: true, isAccepted: false, sendWindow: initialWindow, receiveWindow: initialWindow)
+        return (id, .data(stream: id, flags: .syn, payload: bytes))
+    }
+
+    /// Takes up to `count` bytes of the stream's send credit: how many may be sent now (0 when
+    /// the window is used up or the stream cannot send: unknown, finished).
+    public mutating func takeCredit(_ id: UInt32, upTo count: Int) -> Int {
+        guard var entry = entries[id], !entry.localFinished else { return 0 }
+        let granted = max(0, min(count, entry.sendWindow))
+        entry.sendWindow -= granted
+        entries[id] = entry
+        return granted
+    }
+
+    /// The reader consumed `count` bytes of the stream: a `WINDOW_UPDATE` granting them back
+    /// once at least half the initial window is waiting to be granted, else nil.
+    public mutating func consumed(_ id: UInt32, count: Int) -> Frame? {
+        guard var entry = entries[id], count > 0 else { return nil }
+        entry.unacknowledged += count
+        var update: Frame?
+        if !entry.remoteFinished, entry.unacknowledged >= initialWindow / 2 {
+            update = .windowUpdate(stream: id, flags: [], credit: UInt32(clamping: entry.unacknowledged))
+            entry.receiveWindow += entry.unacknowledged
+            entry.unacknowledged = 0
+        }
+        entries[id] = entry
+        return update
+    }
+
+    /// Ends this side's direction: the `FIN` frame to send (after every byte sent before).
+    ///
+    /// - Throws: ``PeerLinkError`` `invalidParameter` when this side finished already,
+    ///   `notConnected` when the stream is not open.
+    public mutating func finish(_ id: UInt32) throws(PeerLinkError) -> Frame {
+        guard var entry = entries[id] else {
+            throw PeerLinkError(.notConnected, "stream \(id) is not open")
+        }
+        guard !entry.localFinished else {
+            throw PeerLinkError(.invalidParameter, "stream \(id) (\(entry.name)) was finished already")
+        }
+        entry.localFinished = true
+        entries[id] = entry
+        removeIfDone(id)
+        return .data(stream: id, flags: .fin, payload: [])
+    }
+
+    /// Aborts the stream both ways: the `RST` frame to send (the reason cut to
+    /// ``WireFormat/maxResetReasonLength`` bytes), or nil when it is not open.
+    public mutating func reset(_ id: UInt32, reason: String) -> Frame? {
+        guard entries.removeValue(forKey: id) != nil else { return nil }
+        return Self.resetFrame(id, reason: reason)
+    }
+
+    /// Forgets every stream (the link is gone); returns their ids.
+    public mutating func removeAll() -> [UInt32] {
+        defer { entries = [:] }
+        return entries.keys.sorted()
+    }
+
+    // MARK: - The peer
+
+    /// A `DATA` or `WINDOW_UPDATE` frame from the peer. Other frames are ignored.
+    ///
+    /// - Throws: a ``WireError`` (code 1) for a protocol error; close the link with it.
+    public mutating func receive(_ frame: Frame) throws(WireError) -> Outcome {
+        var outcome = Outcome()
+        switch frame {
+        case .data(let id, let flags, let payload):
+            if flags.contains(.syn) {
+                try acceptSYN(id, flags: flags, name: payload, into: &outcome)
+                return outcome
+            }
+            guard var entry = entries[id] else { return outcome }
+            if flags.contains(.rst) {
+                entries[id] = nil
+                let reason = WireText.lenient(payload)
+                outcome.events.append(.reset(id: id, reason: reason.isEmpty ? "no reason given" : reason))
+                return outcome
+            }
+            if flags.contains(.ack), !entry.isAccepted {
+                entry.isAccepted = true
+                outcome.events.append(.accepted(id: id))
+            }
+            if !payload.isEmpty {
+                guard !entry.remoteFinished else {
+                    throw WireError(.protocolError, "stream \(id) got \(payload.count) bytes after its FIN")
+                }
+                guard payload.count <= entry.receiveWindow else {
+                    throw WireError(
+                        .protocolError,
+                        "stream \(id) got \(payload.count) bytes with only \(entry.receiveWindow) bytes of window left")
+                }
+                if !entry.isAccepted {
+                    // Bytes can only follow an accept; take them as one.
+                    entry.isAccepted = true
+                    outcome.events.append(.accepted(id: id))
+                }
+                entry.receiveWindow -= payload.count
+                outcome.events.append(.data(id: id, bytes: payload))
+            }
+            entries[id] = entry
+            if flags.contains(.fin), !entry.remoteFinished {
+                entries[id]!.remoteFinished = true
+                outcome.events.append(.finished(id: id))
+                removeIfDone(id)
+            }
+        case .windowUpdate(let id, let flags, let credit):
+            if flags.contains(.syn) {
+                throw WireError(.protocolError, "stream \(id) opens with a WINDOW_UPDATE; a stream opens with a DATA frame carrying its name")
+            }
+            guard var entry = entries[id] else { return outcome }
+            if flags.contains(.rst) {
+                entries[id] = nil
+                outcome.events.append(.reset(id: id, reason: "no reason given"))
+                return outcome
+            }
+            if flags.contains(.ack), !entry.isAccepted {
+                entry.isAccepted = true
+                outcome.events.append(.accepted(id: id))
+            }
+            if credit > 0 {
+                guard entry.sendWindow + Int(credit) <= WireFormat.maxStreamWindow else {
+                    throw WireError(
+                        .protocolError, "stream \(id)'s window would grow past \(WireFormat.maxStreamWindow) bytes")
+                }
+                entry.sendWindow += Int(credit)
+                outcome.events.append(.credit(id: id))
+            }
+            entries[id] = entry
+            if flags.contains(.fin), !entry.remoteFinished {
+                entries[id]!.remoteFinished = true
+                outcome.events.append(.finished(id: id))
+                removeIfDone(id)
+            }
+        default:
+            break
+        }
+        return outcome
+    }
+
+    // MARK: - Helpers
+
+    private mutating func acceptSYN(_ id: UInt32, flags: FrameFlags, name bytes: [UInt8], into outcome: inout Outcome) throws(WireError) {
+        let peerParity: UInt32 = role == .dialer ? 0 : 1
+        guard id % 2 == peerParity else {
+            throw WireError(
+                .protocolError,
+                "a SYN for stream \(id): the \(role == .dialer ? "listener opens even" : "dialer opens odd") stream ids")
+        }
+        guard id > lastRemoteID else {
+            throw WireError(.protocolError, "a SYN for stream \(id), not above the last stream the peer opened (\(lastRemoteID))")
+        }
+        guard !bytes.isEmpty, bytes.count <= WireFormat.maxStreamNameLength, let name = WireText.strict(bytes) else {
+            throw WireError(
+                .protocolError,
+                "the SYN of stream \(id) carries a name of \(bytes.count) bytes; a name is 1 to \(WireFormat.maxStreamNameLength) bytes of UTF-8")
+        }
+        lastRemoteID = id
+        guard openCounts.incoming < maxStreams else {
+            outcome.frames.append(
+                Self.resetFrame(id, reason: "too many streams: at most \(maxStreams) may be open at once on one link"))
+            return
+        }
+        entries[id] = Entry(name: name, isOutgoing: false, isAccepted: true, sendWindow: initialWindow, receiveWindow: initialWindow)
+        outcome.frames.append(.windowUpdate(stream: id, flags: .ack, credit: 0))
+        outcome.events.append(.opened(id: id, name: name))
+        if flags.contains(.fin) {
+            entries[id]!.remoteFinished = true
+            outcome.events.append(.finished(id: id))
+        }
+    }
+
+    private mutating func removeIfDone(_ id: UInt32) {
+        if let entry = entries[id], entry.localFinished, entry.remoteFinished { entries[id] = nil }
+    }
+
+    static func resetFrame(_ id: UInt32, reason: String) -> Frame {
+        .data(stream: id, flags: .rst, payload: WireText.utf8(reason, limit: WireFormat.maxResetReasonLength))
+    }
+}

@@ -1,0 +1,309 @@
+import PeerLinkCore
+import Synchronization
+
+// The streams of a link: the StreamTable's accounting under the link's lock, the bytes that
+// arrived and were not read yet, and the tasks waiting for credit, room, bytes or an accept.
+
+/// The runtime side of one stream.
+struct StreamSlot {
+    let name: String
+    /// Chunks that arrived and were not read yet (at most the stream's window).
+    var inbox: [[UInt8]] = []
+    var inboxHead = 0
+    /// The peer accepted it (streams the peer opened are accepted when they arrive).
+    var accepted: Bool
+    /// The peer sent `FIN`: reads end once the inbox is empty.
+    var remoteFinished = false
+    /// This side sent `FIN`.
+    var localFinished = false
+    /// Why the stream ended other than by `FIN`: a reset (either side) or the link's end.
+    var failure: PeerLinkError?
+    /// The failure came from a reset: unread bytes are dropped.
+    var wasReset = false
+
+    var hasUnread: Bool { inboxHead < inbox.count }
+
+    mutating func takeChunk() -> [UInt8]? {
+        guard inboxHead < inbox.count else { return nil }
+        let chunk = inbox[inboxHead]
+        inbox[inboxHead] = []
+        inboxHead += 1
+        if inboxHead == inbox.count {
+            inbox.removeAll(keepingCapacity: false)
+            inboxHead = 0
+        } else if inboxHead >= 32, inboxHead * 2 >= inbox.count {
+            inbox.removeFirst(inboxHead)
+            inboxHead = 0
+        }
+        return chunk
+    }
+}
+
+/// A task waiting for something to change on a stream (nil: on any stream, such as room in the
+/// link's data lane).
+struct StreamWaiter {
+    let stream: UInt32?
+    /// Resumes the task: to look again (nil), or with an error.
+    let resume: @Sendable ((any Error)?) -> Void
+}
+
+extension Link {
+    // MARK: - Incoming
+
+    /// A `DATA` or `WINDOW_UPDATE` from the peer (under the lock): the table's accounting, then
+    /// the runtime's. A protocol error closes the link.
+    func receiveStreamFrame(_ frame: Frame, in state: inout State) -> [LogEntry] {
+        let outcome: StreamTable.Outcome
+        do throws(WireError) {
+            outcome = try state.streams.receive(frame)
+        } catch {
+            return apply(state.machine.close(code: error.code, reason: error.reason), to: &state, from: .read)
+        }
+        for frame in outcome.frames { state.scheduler.enqueue(frame) }
+        for event in outcome.events {
+            switch event {
+            case .opened(let id, let name):
+                state.slots[id] = StreamSlot(name: name, accepted: true)
+                guard case .success(let established)? = state.established else { continue }
+                eventSink.yield(
+                    .streamOpened(PeerStream(link: self, id: id, name: name, peer: established.remote, isOutgoing: false)))
+            case .accepted(let id):
+                state.slots[id]?.accepted = true
+                wakeStreamWaiters(&state, stream: id)
+            case .data(let id, let bytes):
+                state.slots[id]?.inbox.append(bytes)
+                wakeStreamWaiters(&state, stream: id)
+            case .finished(let id):
+                state.slots[id]?.remoteFinished = true
+                wakeStreamWaiters(&state, stream: id)
+            case .reset(let id, let reason):
+                state.scheduler.dropStream(id)
+                if var slot = state.slots[id] {
+                    slot.failure =
+                        slot.accepted
+                        ? PeerLinkError(.cancelled, "stream \"\(slot.name)\" was reset by the peer: \(reason)")
+                        : PeerLinkError(.unavailable, "the peer refused stream \"\(slot.name)\": \(reason)")
+                    slot.wasReset = true
+                    slot.inbox = []
+                    slot.inboxHead = 0
+                    state.slots[id] = slot
+                }
+                wakeStreamWaiters(&state, stream: id)
+            case .credit(let id):
+                wakeStreamWaiters(&state, stream: id)
+            }
+        }
+        return []
+    }
+
+    /// The link closed (under the lock): every stream still going ends with `notConnected`;
+    /// bytes that arrived can still be read.
+    func endStreams(in state: inout State, closure: Closure) {
+        _ = state.streams.removeAll()
+        state.scheduler.removeAll()
+        for id in state.slots.keys {
+            guard var slot = state.slots[id], slot.failure == nil else { continue }
+            let finishedBothWays = slot.remoteFinished && slot.localFinished
+            guard !finishedBothWays else { continue }
+            slot.failure = PeerLinkError(
+                .notConnected,
+                "stream \"\(slot.name)\" ended: the link to the peer closed (\(closure.reason)); open it again once the peer is connected")
+            state.slots[id] = slot
+        }
+        wakeStreamWaiters(&state, stream: nil, all: true)
+    }
+
+    /// Resumes the tasks waiting on `stream` (and those waiting on any stream); with `all`,
+    /// every waiting task. They look again.
+    func wakeStreamWaiters(_ state: inout State, stream: UInt32?, all: Bool = false) {
+        guard !state.streamWaiters.isEmpty else { return }
+        for (key, waiter) in state.streamWaiters where all || waiter.stream == nil || waiter.stream == stream {
+            state.streamWaiters[key] = nil
+            waiter.resume(nil)
+        }
+    }
+
+    // MARK: - Waiting
+
+    /// Runs `poll` under the lock until it returns a value (or throws), sleeping between tries
+    /// until something changes on `stream` (`waitsForRoom`: or room frees in the data lane).
+    private func waitUntil<T: Sendable>(
+        stream id: UInt32, waitsForRoom: Bool = false,
+        _ poll: (inout State) throws(PeerLinkError) -> T?
+    ) async throws -> T {
+        while true {
+            let key = state.withLock { state -> Int in
+                state.nextStreamWaiter += 1
+                return state.nextStreamWaiter
+            }
+            let value: T? = try await withTaskCancellationHandler {
+                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T?, any Error>) in
+                    // The poll and the registration happen under one lock: no change is missed.
+                    let outcome = state.withLock { state -> Result<T?, PeerLinkError>? in
+                        do throws(PeerLinkError) {
+                            if let value = try poll(&state) { return .success(value) }
+                        } catch {
+                            return .failure(error)
+                        }
+                        if Task.isCancelled { return nil }
+                        state.streamWaiters[key] = StreamWaiter(stream: waitsForRoom ? nil : id) { error in
+                            if let error { continuation.resume(throwing: error) } else { continuation.resume(returning: nil) }
+                        }
+                        return .success(nil)
+                    }
+                    switch outcome {
+                    case .success(let value?): continuation.resume(returning: value)
+                    case .failure(let error): continuation.resume(throwing: error)
+                    case nil: continuation.resume(throwing: CancellationError())
+                    case .success(nil): break
+                    }
+                }
+            } onCancel: {
+                state.withLock { $0.streamWaiters.removeValue(forKey: key) }?.resume(CancellationError())
+            }
+            if let value { return value }
+        }
+    }
+}
+
+extension Link {
+    // MARK: - Operations behind PeerStream
+
+    /// Opens a stream named `name`: queues its `SYN` at once and returns the stream. Wait for
+    /// the peer's answer with ``waitUntilAccepted(_:)``.
+    ///
+    /// - Throws: ``PeerLinkError`` `notConnected` before the handshake or once the link is
+    ///   closed; `invalidParameter` for a bad name; `unavailable` with too many streams open.
+    func beginStream(named name: String) throws(PeerLinkError) -> PeerStream {
+        try state.withLock { state throws(PeerLinkError) -> PeerStream in
+            if let closure = state.closure {
+                throw PeerLinkError(
+                    .notConnected, "the link to \(channel.remoteDescription) is closed (\(closure.reason)): connect to the peer again")
+            }
+            guard case .success(let established)? = state.established else {
+                throw PeerLinkError(.notConnected, "the link to \(channel.remoteDescription) is not established yet")
+            }
+            let (id, syn) = try state.streams.open(name: name)
+            state.slots[id] = StreamSlot(name: name, accepted: false)
+            state.scheduler.enqueue(syn)
+            wakeWriter(&state)
+            return PeerStream(link: self, id: id, name: name, peer: established.remote, isOutgoing: true)
+        }
+    }
+
+    /// Waits for the peer to accept `stream`. Cancelling the wait resets the stream.
+    ///
+    /// - Throws: ``PeerLinkError`` `unavailable` when the peer refused it (its `RST`),
+    ///   `notConnected` when the link closed first, `CancellationError`.
+    func waitUntilAccepted(_ stream: PeerStream) async throws {
+        do {
+            _ = try await waitUntil(stream: stream.id) { state throws(PeerLinkError) -> Bool? in
+                guard let slot = state.slots[stream.id] else { return true }
+                if let failure = slot.failure { throw failure }
+                return slot.accepted ? true : nil
+            }
+        } catch is CancellationError {
+            resetStream(stream.id, reason: "the opener stopped waiting for the stream to be accepted")
+            throw CancellationError()
+        }
+    }
+
+    /// Queues `bytes` on stream `id`, chunk by chunk, each as credit and room allow.
+    func writeStream(_ id: UInt32, _ bytes: [UInt8]) async throws {
+        var written = 0
+        repeat {
+            let offset = written
+            let sent = try await waitUntil(stream: id, waitsForRoom: true) { state throws(PeerLinkError) -> Int? in
+                guard let slot = state.slots[id] else { throw PeerLinkError(.notConnected, "stream \(id) is not open") }
+                if let failure = slot.failure { throw failure }
+                guard !slot.localFinished else {
+                    throw PeerLinkError(.invalidParameter, "stream \"\(slot.name)\" was finished: nothing more can be written to it")
+                }
+                guard offset < bytes.count else { return 0 }
+                let room = self.maxQueuedDataBytes - state.scheduler.queuedDataBytes
+                guard room > 0 else { return nil }
+                let wanted = min(bytes.count - offset, WireFormat.maxFramePayload, room)
+                let credit = state.streams.takeCredit(id, upTo: wanted)
+                guard credit > 0 else { return nil }
+                state.scheduler.enqueue(.data(stream: id, flags: [], payload: Array(bytes[offset..<offset + credit])))
+                state.peakQueuedDataBytes = max(state.peakQueuedDataBytes, state.scheduler.queuedDataBytes)
+                self.wakeWriter(&state)
+                return credit
+            }
+            written += sent
+        } while written < bytes.count
+    }
+
+    /// Queues `FIN` on stream `id`, after everything written before.
+    func finishStream(_ id: UInt32) throws(PeerLinkError) {
+        try state.withLock { state throws(PeerLinkError) in
+            guard var slot = state.slots[id] else { throw PeerLinkError(.notConnected, "stream \(id) is not open") }
+            if let failure = slot.failure { throw failure }
+            guard !slot.localFinished else {
+                throw PeerLinkError(.invalidParameter, "stream \"\(slot.name)\" was finished already")
+            }
+            let fin = try state.streams.finish(id)
+            slot.localFinished = true
+            state.slots[id] = slot
+            state.scheduler.enqueue(fin)
+            wakeWriter(&state)
+        }
+    }
+
+    /// Resets stream `id` both ways: `RST` with `reason` (ahead of its data still waiting,
+    /// which is dropped), and this side's readers and writers throw `cancelled`.
+    func resetStream(_ id: UInt32, reason: String) {
+        state.withLock { state in
+            guard var slot = state.slots[id], slot.failure == nil || !slot.wasReset else { return }
+            if let rst = state.streams.reset(id, reason: reason) {
+                state.scheduler.enqueue(rst)
+            }
+            if slot.failure == nil {
+                slot.failure = PeerLinkError(.cancelled, "stream \"\(slot.name)\" was reset on this side: \(reason)")
+                slot.wasReset = true
+                slot.inbox = []
+                slot.inboxHead = 0
+                state.slots[id] = slot
+            }
+            wakeStreamWaiters(&state, stream: id)
+            wakeWriter(&state)
+        }
+    }
+
+    /// The next chunk of stream `id`, nil after the peer's `FIN`; reading grants the peer
+    /// credit back.
+    func readStream(_ id: UInt32) async throws -> [UInt8]? {
+        let chunk = try await waitUntil(stream: id) { state throws(PeerLinkError) -> StreamRead? in
+            guard var slot = state.slots[id] else { throw PeerLinkError(.notConnected, "stream \(id) is not open") }
+            if slot.wasReset, let failure = slot.failure { throw failure }
+            if let chunk = slot.takeChunk() {
+                state.slots[id] = slot
+                if let update = state.streams.consumed(id, count: chunk.count) {
+                    state.scheduler.enqueue(update)
+                    self.wakeWriter(&state)
+                }
+                return .chunk(chunk)
+            }
+            if slot.remoteFinished { return .end }
+            if let failure = slot.failure { throw failure }
+            return nil
+        }
+        if case .chunk(let bytes) = chunk { return bytes }
+        return nil
+    }
+
+    /// Streams open on this link (both directions), and bytes received and not read yet.
+    var streamCounts: (open: Int, unreadBytes: Int) {
+        state.withLock { state in
+            let unread = state.slots.values.reduce(0) { total, slot in
+                total + slot.inbox[slot.inboxHead...].reduce(0) { $0 + $1.count }
+            }
+            return (state.streams.entries.count, unread)
+        }
+    }
+}
+
+enum StreamRead: Sendable {
+    case chunk([UInt8])
+    case end
+}
