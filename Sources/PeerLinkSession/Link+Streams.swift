@@ -178,7 +178,8 @@ extension Link {
         try state.withLock { state throws(PeerLinkError) -> PeerStream in
             if let closure = state.closure {
                 throw PeerLinkError(
-                    .notConnected, "the link to \(channel.remoteDescription) is closed (\(closure.reason)): connect to the peer again")
+                    .notConnected,
+                    "the peer is not connected: its link (\(channel.remoteDescription)) closed (\(closure.reason)); open the stream once it is connected again")
             }
             guard case .success(let established)? = state.established else {
                 throw PeerLinkError(.notConnected, "the link to \(channel.remoteDescription) is not established yet")

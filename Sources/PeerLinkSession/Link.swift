@@ -743,7 +743,15 @@ public final class Link: Sendable {
         }
         if state.scheduler.queuedDataBytes < dataBefore { wakeStreamWaiters(&state, stream: nil) }
         guard !state.queue.isEmpty else { return nil }
-        let batch = state.queue.count == 1 ? state.queue[0] : Array(state.queue.joined())
+        var batch: [UInt8]
+        if state.queue.count == 1 {
+            batch = state.queue[0]
+        } else {
+            // Appending whole arrays copies them in one go; `joined()` goes byte by byte.
+            batch = []
+            batch.reserveCapacity(state.queue.reduce(0) { $0 + $1.count })
+            for bytes in state.queue { batch.append(contentsOf: bytes) }
+        }
         state.queue = []
         state.writerBusy = true
         return batch

@@ -359,6 +359,18 @@ public final class PeerSession: Sendable {
         return stream
     }
 
+    /// The stream accounting of the link to `peer`, for tests and diagnostics; nil when the
+    /// peer is not connected.
+    package func streamStatistics(for peer: PeerID) -> StreamStatistics? {
+        core.withLock { core -> StreamStatistics? in
+            guard let id = core.machine.sendLink(to: peer), let link = core.links[id]?.link else { return nil }
+            let counts = link.streamCounts
+            return StreamStatistics(
+                openStreams: counts.open, unreadBytes: counts.unreadBytes, queuedDataBytes: link.queuedDataByteCount,
+                peakQueuedDataBytes: link.peakQueuedDataByteCount, maxQueuedDataBytes: link.maxQueuedDataBytes)
+        }
+    }
+
     /// Leaves the session: messages already accepted by ``send(_:to:reliable:)`` are queued on
     /// their links, then `GO_AWAY` code 0 on every link, every peer *not connected*. Returns
     /// once ``run()`` has closed every link and returned (at most a few seconds; at once when

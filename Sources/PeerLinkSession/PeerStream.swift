@@ -101,3 +101,17 @@ public final class PeerStream: Sendable, Hashable, CustomStringConvertible {
         "stream \(id) \"\(name)\" \(isOutgoing ? "to" : "from") \(peer)"
     }
 }
+
+/// One link's stream accounting (``PeerSession/streamStatistics(for:)``).
+package struct StreamStatistics: Sendable, Hashable {
+    /// Streams open on the link, both directions.
+    package var openStreams: Int
+    /// Bytes received on its streams that no reader took yet (at most a window per stream).
+    package var unreadBytes: Int
+    /// Bytes of stream data waiting to be written now.
+    package var queuedDataBytes: Int
+    /// The most bytes of stream data that ever waited at once.
+    package var peakQueuedDataBytes: Int
+    /// The bound on ``queuedDataBytes``.
+    package var maxQueuedDataBytes: Int
+}

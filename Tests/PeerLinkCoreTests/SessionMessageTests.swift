@@ -151,6 +151,25 @@ struct SessionMessageTests {
         #expect(throws: PeerLinkError.self) { try net.send(0, [1], to: []) }
     }
 
+    @Test func datagramsAndChunksTakeTurnsSoAFloodNeverHoldsUpReliableMessages() throws {
+        var net = try Self.connectedPair()
+        let link = try #require(net.machine(0).allLinks.first)
+        _ = try Self.drain(&net, 0)
+        try net.send(0, Self.bytes(3 * WireFormat.maxFramePayload, seed: 5), to: [1])
+        var kinds: [String] = []
+        for round in 0..<6 {
+            // The app floods datagrams faster than the link takes frames.
+            for index in 0..<4 { try net.send(0, [UInt8(round), UInt8(index)], to: [1], reliable: false) }
+            guard let frame = net.nodes[0].machine.nextFrame(for: link) else { break }
+            if case .message = frame { kinds.append("chunk") } else if case .datagram = frame { kinds.append("datagram") }
+        }
+        // The three chunks of the message went out within the first six frames.
+        #expect(kinds == ["datagram", "chunk", "datagram", "chunk", "datagram", "chunk"])
+        // Lane of 8: 24 sent, 3 taken, 8 waiting, the rest dropped and counted for that peer.
+        #expect(net.machine(0).droppedDatagrams == 13)
+        #expect(net.machine(0).droppedDatagrams(to: net.peer(1)) == 13)
+    }
+
     @Test func datagramsGoFirstAreBoundedAndDropWhenTooLarge() throws {
         var net = try Self.connectedPair()
         let link = try #require(net.machine(0).allLinks.first)

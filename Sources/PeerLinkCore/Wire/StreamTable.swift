@@ -67,6 +67,11 @@ public struct StreamTable: Sendable {
     public struct Outcome: Hashable, Sendable {
         public var events: [Event] = []
         public var frames: [Frame] = []
+
+        public init(events: [Event] = [], frames: [Frame] = []) {
+            self.events = events
+            self.frames = frames
+        }
     }
 
     public let role: LinkStateMachine.Role
