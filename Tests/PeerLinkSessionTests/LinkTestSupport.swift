@@ -145,6 +145,11 @@ struct RawPeer {
         return true
     }
 
+    /// Sends one frame (after the handshake).
+    mutating func send(_ frame: Frame) async throws {
+        _ = try await carryOut(try machine.send(frame, at: .zero))
+    }
+
     /// Writes the sends, keeps the events; true if `.established` was among them.
     private mutating func carryOut(_ outputs: [LinkOutput]) async throws -> Bool {
         var established = false

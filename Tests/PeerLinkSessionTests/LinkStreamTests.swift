@@ -1,0 +1,55 @@
+import PeerLinkCore
+import PeerLinkSession
+import PeerLinkTestSupport
+import Testing
+
+@Suite("Link streams against a peer driven by hand", .timeLimit(.minutes(1)))
+struct LinkStreamTests {
+    @Test("a peer that sends more than the window gets GO_AWAY 1; the bytes within it can still be read")
+    func windowViolationClosesTheLink() async throws {
+        let log = TestLog()
+        let network = MemoryNetwork()
+        let listener = try network.listen(name: "bo")
+        defer { listener.close() }
+        let dialed = try await network.transport.dial(.memory(name: "bo"), timeout: .seconds(1))
+        let accepted = try await listener.accept()
+        let server = Identity.generate()
+        let link = Link(
+            channel: accepted, role: .listener, identity: server, preface: LinkFixture.preface(), hello: LinkFixture.hello("Bo"),
+            logger: log.logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await link.run() }
+            var peer = RawPeer(dialed, name: "Greedy", expecting: server)
+            #expect(try await peer.handshake())
+            var events = link.events.makeAsyncIterator()
+            try await peer.send(.data(stream: 1, flags: .syn, payload: Array("flood".utf8)))
+            guard case .streamOpened(let stream)? = await events.next() else {
+                Issue.record("the link did not report the stream the peer opened")
+                dialed.close()
+                return
+            }
+            #expect(stream.name == "flood" && stream.id == 1 && !stream.isOutgoing)
+            // The ACK comes back before anything else.
+            while peer.events.isEmpty { #expect(try await peer.readOnce()) }
+            #expect(peer.events.first == .frame(.windowUpdate(stream: 1, flags: .ack, credit: 0)))
+
+            let chunk = [UInt8](repeating: 1, count: WireFormat.maxFramePayload)
+            for _ in 0...(WireFormat.initialStreamWindow / chunk.count) { try await peer.send(.data(stream: 1, flags: [], payload: chunk)) }
+            let closure = await events.closure()
+            #expect(closure?.code == .protocolError)
+            #expect(closure?.reason.contains("window") == true, "\(closure?.reason ?? "")")
+            #expect(closure?.byPeer == false)
+
+            var received = 0
+            do {
+                while let bytes = try await stream.read() { received += bytes.count }
+                Issue.record("the stream ended with FIN, not with the link")
+            } catch let error as PeerLinkError {
+                #expect(error.code == .notConnected)
+            }
+            #expect(received == WireFormat.initialStreamWindow)
+            dialed.close()
+            try await group.waitForAll()
+        }
+    }
+}
