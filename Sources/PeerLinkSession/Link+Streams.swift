@@ -169,6 +169,17 @@ extension Link {
 extension Link {
     // MARK: - Operations behind PeerStream
 
+    /// Opens a stream named `name` on this link and waits for the peer to accept it.
+    ///
+    /// - Throws: ``PeerLinkError`` `notConnected` before the handshake, once the link is closed
+    ///   or when it closes first; `invalidParameter` for a name that is empty or over 255 bytes;
+    ///   `unavailable` with 256 streams open, or when the peer refused the stream.
+    public func openStream(named name: String) async throws -> PeerStream {
+        let stream = try beginStream(named: name)
+        try await waitUntilAccepted(stream)
+        return stream
+    }
+
     /// Opens a stream named `name`: queues its `SYN` at once and returns the stream. Wait for
     /// the peer's answer with ``waitUntilAccepted(_:)``.
     ///

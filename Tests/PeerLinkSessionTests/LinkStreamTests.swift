@@ -53,3 +53,63 @@ struct LinkStreamTests {
         }
     }
 }
+
+@Suite("Link scheduling: bulk stream data never holds up a message", .timeLimit(.minutes(1)))
+struct LinkSchedulingTests {
+    @Test("a message queued during a bulk transfer goes out behind at most two frames of stream data")
+    func messageOvertakesBulkData() async throws {
+        let log = TestLog()
+        // A small pipe: what is written waits in the link's queues, not in the transport.
+        let network = MemoryNetwork(bufferCapacity: 4096)
+        let listener = try network.listen(name: "bo")
+        defer { listener.close() }
+        let dialed = try await network.transport.dial(.memory(name: "bo"), timeout: .seconds(1))
+        let accepted = try await listener.accept()
+        let server = Identity.generate()
+        let link = Link(
+            channel: accepted, role: .listener, identity: server, preface: LinkFixture.preface(), hello: LinkFixture.hello("Bo"),
+            logger: log.logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await link.run() }
+            var peer = RawPeer(dialed, name: "Reader", expecting: server)
+            #expect(try await peer.handshake())
+            let opening = Task { try await link.openStream(named: "bulk") }
+            // The SYN, then an accept with credit for the whole transfer.
+            while peer.events.isEmpty { #expect(try await peer.readOnce()) }
+            guard case .frame(.data(let id, .syn, let name))? = peer.events.first else {
+                Issue.record("expected a SYN, got \(peer.events)")
+                dialed.close()
+                return
+            }
+            #expect(name == Array("bulk".utf8))
+            let total = 4 << 20
+            try await peer.send(.windowUpdate(stream: id, flags: .ack, credit: UInt32(total)))
+            let stream = try await opening.value
+            group.addTask {
+                // Ends when the test resets the stream.
+                let error = await #expect(throws: PeerLinkError.self) {
+                    try await stream.write([UInt8](repeating: 0xB0, count: total))
+                }
+                #expect(error?.code == .cancelled)
+            }
+
+            // Let the transfer run for a while, then queue a message.
+            var dataFrames = 0
+            while dataFrames < 40 {
+                #expect(try await peer.readOnce())
+                dataFrames = peer.events.count { if case .frame(.data(_, [], _)) = $0 { true } else { false } }
+            }
+            try link.enqueue(.message(id: 1, flags: [], chunk: Array("chat".utf8)))
+            let before = peer.events.count
+            while !peer.events.contains(.frame(.message(id: 1, flags: [], chunk: Array("chat".utf8)))) {
+                #expect(try await peer.readOnce())
+            }
+            let overtaken = peer.events[before...].count { if case .frame(.data) = $0 { true } else { false } }
+            #expect(overtaken <= 2, "\(overtaken) DATA frames went out after the message was queued")
+            #expect(link.peakQueuedDataByteCount <= link.maxQueuedDataBytes)
+            stream.reset(reason: "enough")
+            dialed.close()
+            try await group.waitForAll()
+        }
+    }
+}
