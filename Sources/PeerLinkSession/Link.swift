@@ -28,6 +28,15 @@ import Synchronization
 ///   not lost to a reset; the link counts as closed from the moment it was sent.
 /// - ``send(_:)`` waits for the handshake, and while more than `maxQueuedBytes` wait to be
 ///   written (back-pressure).
+/// - Frames wait unsealed in a ``PeerLinkCore/FrameScheduler`` and are sealed in the order the
+///   writer takes them: control frames, then messages, then stream data round-robin between
+///   streams, at most two maximum-size frames per write. A message queued during a bulk
+///   transfer goes out behind at most two frames of stream data.
+/// - Streams (``openStream(named:)``, ``Event/streamOpened(_:)``) are run by the link itself:
+///   a ``PeerLinkCore/StreamTable`` keeps their credit; a writer waits for credit and for room
+///   in the data lane (``maxQueuedDataBytes``), a reader's reads grant credit back. A peer that
+///   breaks the stream rules (a window violation, say) gets `GO_AWAY` 1. When the link closes,
+///   every stream ends with `notConnected`.
 /// - ``events`` is a single-consumer stream, buffered without limit: consume it.
 /// - The close reason is logged once, at info level, with the link's metadata (`peer.id`,
 ///   `transport`, `link.remote`, `link.role`).
@@ -101,8 +110,6 @@ public final class Link: Sendable {
     ///   - closeTimeout: see ``closeTimeout``.
     ///   - maxQueuedBytes: see ``maxQueuedBytes``.
     ///   - maxQueuedDataBytes: see ``maxQueuedDataBytes``.
-    ///   - streamWindow: the window each stream starts with (the spec's 256 KiB; smaller only
-    ///     in tests, and then on both sides).
     ///   - logger: where the link logs (info and below); its metadata is kept.
     public init(
         channel: any LinkChannel,
@@ -116,7 +123,6 @@ public final class Link: Sendable {
         closeTimeout: Duration = .seconds(2),
         maxQueuedBytes: Int = 256 * 1024,
         maxQueuedDataBytes: Int = 256 * 1024,
-        streamWindow: Int = WireFormat.initialStreamWindow,
         logger: Logger
     ) {
         self.channel = channel
@@ -137,7 +143,7 @@ public final class Link: Sendable {
                 machine: LinkStateMachine(
                     role: role, identity: identity, preface: preface, hello: hello, policy: policy,
                     expectedRemote: expectedRemote),
-                streams: StreamTable(role: role, initialWindow: streamWindow)))
+                streams: StreamTable(role: role)))
     }
 
     // MARK: - Public API
