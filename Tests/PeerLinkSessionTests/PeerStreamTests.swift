@@ -238,6 +238,33 @@ struct PeerStreamTests {
         }
     }
 
+    @Test("at most 256 streams are open to a peer at once; finishing one makes room")
+    func streamLimit() async throws {
+        try await withConnectedPair { ana, bo in
+            var streams: [PeerStream] = []
+            for index in 0..<WireFormat.maxStreamsPerLink {
+                streams.append(try await ana.session.openStream(named: "s\(index)", to: bo.peer))
+            }
+            await expectError(.unavailable, containing: "256 streams are open") {
+                _ = try await ana.session.openStream(named: "one too many", to: bo.peer)
+            }
+            #expect(await ana.session.info(for: bo.peer)?.openStreams == WireFormat.maxStreamsPerLink)
+            // Both sides finish the first: it is over, and a new one opens.
+            var incoming = bo.session.incomingStreams.makeAsyncIterator()
+            let first = try #require(await incoming.next())
+            #expect(first.name == "s0")
+            try await streams[0].finish()
+            try await first.finish()
+            #expect(try await first.read() == nil)
+            #expect(try await streams[0].read() == nil)
+            try await eventually("the first stream is over at Ana") {
+                await ana.session.info(for: bo.peer)?.openStreams == WireFormat.maxStreamsPerLink - 1
+            }
+            let again = try await ana.session.openStream(named: "again", to: bo.peer)
+            #expect(again.name == "again")
+        }
+    }
+
     @Test("opening: bad names, the local peer, and a peer that is not connected are refused")
     func openingErrors() async throws {
         try await withConnectedPair { ana, bo in
