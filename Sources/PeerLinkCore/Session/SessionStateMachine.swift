@@ -487,8 +487,9 @@ public struct SessionStateMachine: Sendable {
     }
 
     /// The next frame to write on `link`, or nil when nothing waits for it (then the next
-    /// ``SessionAction/framesReady(_:)`` says when there is). Control messages first, then
-    /// unreliable messages, then chunks of reliable messages round-robin.
+    /// ``SessionAction/framesReady(_:)`` says when there is). Control messages first; then
+    /// unreliable messages and chunks of reliable messages (round-robin between messages) take
+    /// turns, so neither holds up the other.
     public mutating func nextFrame(for link: LinkID) -> Frame? {
         guard let linkRecord = links[link], var record = peers[linkRecord.peer], record.sendLink == link else { return nil }
         defer { peers[linkRecord.peer] = record }
