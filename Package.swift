@@ -67,6 +67,12 @@ let package = Package(
             dependencies: ["PeerLinkCore", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strict
         ),
+        // Files (resources) over streams: sender, receiver, resume, verification. File I/O here.
+        .target(
+            name: "PeerLinkFiles",
+            dependencies: ["PeerLinkCore", "PeerLinkPosix", "PeerLinkSession", .product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: strict
+        ),
         // For tests of code built on PeerLink: in-memory transport, manual clock.
         .target(
             name: "PeerLinkTestSupport",
@@ -76,7 +82,7 @@ let package = Package(
         // The public façade.
         .target(
             name: "PeerLink",
-            dependencies: ["PeerLinkCore", "PeerLinkPosix", "PeerLinkLAN", "PeerLinkBluetooth", "PeerLinkSession"],
+            dependencies: ["PeerLinkCore", "PeerLinkPosix", "PeerLinkLAN", "PeerLinkBluetooth", "PeerLinkSession", "PeerLinkFiles"],
             swiftSettings: strict
         ),
         .executableTarget(
@@ -86,6 +92,13 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
+            swiftSettings: strict
+        ),
+
+        // The benchmark (not a test): sessions against raw sockets, in one run.
+        .executableTarget(
+            name: "peerlink-bench",
+            dependencies: ["PeerLink", .product(name: "ArgumentParser", package: "swift-argument-parser")],
             swiftSettings: strict
         ),
 
@@ -137,6 +150,11 @@ let package = Package(
                 "PeerLinkSession", "PeerLinkTestSupport", "PeerLinkPosix",
                 .product(name: "Logging", package: "swift-log"),
             ],
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "PeerLinkFilesTests",
+            dependencies: ["PeerLinkFiles", "PeerLinkPosix", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strict
         ),
         .testTarget(

@@ -1,0 +1,271 @@
+import Crypto
+import PeerLinkCore
+import PeerLinkPosix
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Receives files into one directory: through a temporary file, verified, moved into place.
+///
+/// For each transfer the receiver writes to a hidden partial file in the destination
+/// directory (``PeerLinkCore/ResumeBook/partialName(sender:transfer:)``), hashing as the bytes
+/// arrive. Only when every byte is there and the SHA-256 matches the offer does it move the file
+/// into place — atomically, and never over an existing file: with ``Collision/number`` (the
+/// default) `report.pdf` becomes `report (1).pdf`, with ``Collision/refuse`` the offer is
+/// declined. A mismatch removes the partial file. A transfer that stops early (lost link,
+/// cancel, disk full) keeps it, and when the same sender offers the same file again the
+/// receiver answers with the length it holds, re-hashes that prefix, and continues from there.
+public struct FileReceiver: Sendable {
+    /// What to do when a file of the offered name exists.
+    public enum Collision: Sendable, Hashable {
+        /// Save under the first free name of `name (1).ext`, `name (2).ext`, ... (up to 999).
+        case number
+        /// Decline the offer, saying the file exists.
+        case refuse
+    }
+
+    public let directory: String
+    public var collision: Collision
+
+    public init(directory: String, collision: Collision = .number) {
+        self.directory = directory.count > 1 && directory.hasSuffix("/") ? String(directory.dropLast()) : directory
+        self.collision = collision
+    }
+
+    /// Reads the offer that opens `channel` (a stream `peer` opened).
+    ///
+    /// - Throws: a ``TransferFailure``: the stream ended or broke before an offer, or it did
+    ///   not start with one (the stream is reset then).
+    public func offer(on channel: any ResourceChannel, from peer: PeerID) async throws(TransferFailure) -> IncomingFile {
+        var reader = MessageReader(channel)
+        let message: ResourceMessage?
+        do {
+            message = try await reader.next()
+        } catch let error as PeerLinkError where error.code == .cancelled {
+            throw TransferFailure(.cancelledByPeer, "cancelled by the peer: \(error.message)")
+        } catch let error as PeerLinkError where error.code == .unknown || error.code == .unsupported {
+            channel.reset(reason: error.message)
+            throw TransferFailure(.protocolError, error.message)
+        } catch {
+            throw TransferFailure(.linkLost, "the link to \(peer.displayName) went away before its offer: \(error)")
+        }
+        guard case .offer(let offer)? = message else {
+            let text = "the stream did not start with an offer"
+            channel.reset(reason: text)
+            throw TransferFailure(.protocolError, "\(peer.displayName) broke the resource protocol: \(text)")
+        }
+        return IncomingFile(peer: peer, offer: offer, receiver: self, channel: channel, reader: reader)
+    }
+
+    func path(_ name: String) -> String { directory == "/" ? "/" + name : directory + "/" + name }
+}
+
+/// An offer waiting for an answer: ``accept()`` or ``decline(reason:)``.
+public struct IncomingFile: Sendable {
+    public let peer: PeerID
+    public let offer: ResourceOffer
+    public let receiver: FileReceiver
+    let channel: any ResourceChannel
+    let reader: MessageReader
+
+    /// The name the file will be saved under (sanitised; numbered if that name is taken).
+    public var name: String { ResourceName.sanitized(offer.name) }
+    public var size: UInt64 { offer.size }
+
+    /// Bytes of this file kept from an earlier, interrupted transfer (0 when none).
+    public var alreadyReceived: UInt64 {
+        let base = receiver.path(ResumeBook.partialName(sender: peer.fingerprint, transfer: offer.transferID))
+        return ResumeBook.decide(
+            offer: offer, record: PosixFile.contents(of: base + ResumeBook.metaSuffix),
+            partialLength: PosixFile.length(of: base + ResumeBook.partSuffix)
+        ).offset
+    }
+
+    /// Declines the offer; the sender's transfer ends with `declined` and this reason.
+    public func decline(reason: String = "declined") async {
+        try? await channel.send(.decline(reason: reason))
+        try? await channel.finish()
+    }
+
+    /// Accepts the offer and starts receiving; the returned transfer ends with the file's
+    /// path once it is verified and in place.
+    public func accept() -> FileTransfer {
+        let transfer = FileTransfer(direction: .receiving, name: name, size: size, peer: peer)
+        let incoming = self
+        transfer.start { transfer in
+            await incoming.receive(transfer)
+        }
+        return transfer
+    }
+
+    /// Receivers of the same partial file in this process, so a re-offer waits for a stale
+    /// receiver (its link not yet noticed as lost) to let go.
+    private static let busy = Mutex<Set<String>>([])
+
+    private func receive(_ transfer: FileTransfer) async -> Result<TransferOutcome, TransferFailure> {
+        guard transfer.use(channel) else { return .failure(TransferFailure(.cancelled, "cancelled: \(transfer.cancelReason ?? "")")) }
+        let base = receiver.path(ResumeBook.partialName(sender: peer.fingerprint, transfer: offer.transferID))
+        var claimed = false
+        for _ in 0..<100 {
+            claimed = Self.busy.withLock { $0.insert(base).inserted }
+            if claimed { break }
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        guard claimed else {
+            return await refuse("\(name) from \(peer.displayName) is being received already", kind: .protocolError)
+        }
+        defer { _ = Self.busy.withLock { $0.remove(base) } }
+        do {
+            return .success(try await run(transfer, base: base))
+        } catch {
+            return .failure(transfer.failure(from: error))
+        }
+    }
+
+    private func refuse(_ reason: String, kind: TransferFailure.Kind) async -> Result<TransferOutcome, TransferFailure> {
+        await decline(reason: reason)
+        return .failure(TransferFailure(kind, reason))
+    }
+
+    private func run(_ transfer: FileTransfer, base: String) async throws -> TransferOutcome {
+        let directory = receiver.directory
+        guard PosixFile.isDirectory(directory) else {
+            let failure = FileErrors.writing(directory, SystemError("stat", errno: ENOENT))
+            await decline(reason: "the receiver cannot save files: \(failure.message)")
+            throw failure
+        }
+        if receiver.collision == .refuse, PosixFile.exists(receiver.path(name)) {
+            let text = "a file named \(name) exists in \(directory): the receiver keeps it; remove or rename it there, or receive without refusing existing names, then send again"
+            await decline(reason: text)
+            throw TransferFailure(.fileSystem, text)
+        }
+        let partPath = base + ResumeBook.partSuffix
+        let metaPath = base + ResumeBook.metaSuffix
+
+        // Where to start: what is kept for this (sender, transfer), if it fits the offer.
+        let decision = ResumeBook.decide(
+            offer: offer, record: PosixFile.contents(of: metaPath), partialLength: PosixFile.length(of: partPath))
+        if case .restart = decision {
+            PosixFile.remove(partPath)
+            PosixFile.remove(metaPath)
+        }
+        var offset = decision.offset
+        let part: PosixFile
+        var hasher = SHA256()
+        do throws(SystemError) {
+            part = try PosixFile.openForUpdate(partPath)
+            if offset == 0 {
+                try part.truncate(to: 0)
+                try PosixFile.write(ResumeBook.record(for: offer), to: metaPath)
+            } else {
+                // Re-hash the kept prefix; a prefix that cannot be read is dropped.
+                var position: UInt64 = 0
+                while position < offset {
+                    let chunk = try part.read(at: position, count: Int(min(1 << 20, offset - position)))
+                    if chunk.isEmpty { break }
+                    hasher.update(data: chunk)
+                    position += UInt64(chunk.count)
+                }
+                if position < offset {
+                    offset = 0
+                    hasher = SHA256()
+                    try part.truncate(to: 0)
+                }
+            }
+            try part.sync()
+        } catch {
+            let failure = FileErrors.writing(directory, error)
+            await decline(reason: "the receiver cannot save files: \(failure.message)")
+            throw failure
+        }
+        defer { part.close() }
+
+        try await channel.send(.accept(offset: offset))
+        transfer.accepted(at: offset)
+        let clock = ContinuousClock()
+        let start = clock.now
+        var meter = RateMeter()
+        _ = meter.record(bytes: offset, at: .zero)
+        var position = offset
+        transfer.report(TransferProgress(bytesDone: position, total: size, bytesPerSecond: 0, resumedAt: offset))
+        var reader = self.reader
+        while position < size {
+            switch try await reader.next() {
+            case .data(let bytes):
+                guard UInt64(bytes.count) <= size - position else {
+                    throw ResourceMessage.violation("more bytes than the \(size) offered")
+                }
+                do {
+                    try part.write(bytes, at: position)
+                } catch {
+                    let failure = FileErrors.writing(directory, error)
+                    try? await channel.send(.verdict(.error(failure.message)))
+                    try? await channel.finish()
+                    throw failure
+                }
+                hasher.update(data: bytes)
+                position += UInt64(bytes.count)
+                let rate = meter.record(bytes: position, at: clock.now - start)
+                transfer.report(TransferProgress(bytesDone: position, total: size, bytesPerSecond: rate, resumedAt: offset))
+            case .cancel(let reason):
+                throw TransferFailure(.cancelledByPeer, "cancelled by the peer: \(reason) (\(position) of \(size) bytes kept; a new offer resumes)")
+            case nil:
+                throw TransferFailure(.linkLost, "\(peer.displayName) stopped sending \(name) after \(position) of \(size) bytes; what arrived is kept and a new offer resumes")
+            case let other?:
+                throw ResourceMessage.violation("a \(other.kind) message during the data")
+            }
+        }
+
+        // Every byte is here: verify, then move into place.
+        guard Array(hasher.finalize()) == offer.sha256 else {
+            part.close()
+            PosixFile.remove(partPath)
+            PosixFile.remove(metaPath)
+            try? await channel.send(.verdict(.checksumMismatch))
+            try? await channel.finish()
+            throw TransferFailure(.checksumMismatch, "\(name) from \(peer.displayName) arrived damaged (its SHA-256 does not match the offer): removed; ask them to send it again")
+        }
+        do {
+            try part.sync()
+        } catch {
+            let failure = FileErrors.writing(directory, error)
+            try? await channel.send(.verdict(.error(failure.message)))
+            throw failure
+        }
+        let destination: String
+        do throws(TransferFailure) {
+            destination = try moveIntoPlace(partPath)
+        } catch {
+            let failure = error
+            try? await channel.send(.verdict(.error(failure.message)))
+            try? await channel.finish()
+            throw failure
+        }
+        PosixFile.remove(metaPath)
+        transfer.report(TransferProgress(bytesDone: size, total: size, bytesPerSecond: meter.record(bytes: size, at: clock.now - start), resumedAt: offset))
+        try? await channel.send(.verdict(.verified))
+        try? await channel.finish()
+        return .received(path: destination)
+    }
+
+    /// Moves the verified partial file to its name, never over an existing file.
+    private func moveIntoPlace(_ partPath: String) throws(TransferFailure) -> String {
+        let candidates = receiver.collision == .refuse ? [name] : [name] + (1...999).map { ResourceName.alternative(to: name, number: $0) }
+        for candidate in candidates {
+            let destination = receiver.path(candidate)
+            do {
+                try PosixFile.moveNoReplace(partPath, to: destination)
+                return destination
+            } catch where error.errno == EEXIST {
+                continue
+            } catch {
+                throw FileErrors.writing(receiver.directory, error)
+            }
+        }
+        throw TransferFailure(.fileSystem, receiver.collision == .refuse
+            ? "a file named \(name) appeared in \(receiver.directory) meanwhile: the receiver keeps it; the verified copy is kept as \(partPath) — rename it by hand"
+            : "\(name) and its numbered alternatives up to 999 exist in \(receiver.directory): clear some of them and send again")
+    }
+}

@@ -1,0 +1,225 @@
+import ArgumentParser
+import Foundation
+import PeerLink
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The PeerLink benchmark: sessions over loopback TCP, each figure next to a raw baseline
+/// measured in the same run. Build it in release mode: `swift run -c release peerlink-bench`.
+@main
+struct Bench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "peerlink-bench",
+        abstract: "Measure PeerLink sessions over loopback TCP against raw TCP, in this run.",
+        discussion: """
+            Prints one table: throughput for 64 B, 1 KiB, 64 KiB and 1 MiB messages (encrypted and \
+            not) next to raw TCP with the ratio; small-message round trips (p50/p99) alone and \
+            during a bulk transfer; found-to-connected time; 8-peer mesh formation time; peak RSS. \
+            Traffic stays on 127.0.0.1. Bluetooth (RFCOMM and L2CAP sessions next to a raw socket on the same \
+            link) joins once those transports exist: see the Performance article.
+            """)
+
+    @Flag(help: "A few-second run (CI): small volumes, few samples. The figures are not meaningful.")
+    var smoke = false
+
+    @Option(help: "Bytes moved per throughput measurement (default: 64 MiB, 2 MiB with --smoke).")
+    var volume: Int?
+
+    func run() async throws {
+        let volume = self.volume ?? (smoke ? 2 << 20 : 64 << 20)
+        let samples = smoke ? 20 : 500
+        let report = Report()
+        report.line("peerlink-bench\(smoke ? " --smoke" : "") — loopback TCP, \(ProcessInfo.processInfo.activeProcessorCount) CPUs, \(Self.buildKind) build")
+        report.line("")
+
+        for encryption in [EncryptionPreference.required, .none] {
+            let label = encryption == .none ? "plain" : "encrypted"
+            let pair = try await LoopbackPair.connect(encryption: encryption)
+            report.section("\(label) session (Noise ChaChaPoly\(encryption == .none ? " off" : ""))")
+            report.row("found → connected", "\(Report.ms(pair.connectTime))", "", "")
+            for size in [64, 1024, 64 * 1024, 1024 * 1024] {
+                // Small messages cost per message: move less of them.
+                let total = size < 1024 ? volume / 16 : size < 64 * 1024 ? volume / 4 : volume
+                let session = try await pair.throughput(messageSize: size, total: total)
+                let raw = try RawTCP.throughput(messageSize: size, total: total)
+                report.throughput("\(Report.size(size)) messages", bytes: total, session: session, raw: raw)
+            }
+            let alone = try await pair.roundTrips(samples: samples, duringBulk: false)
+            let rawRTT = try RawTCP.roundTrips(size: 64, samples: samples)
+            report.latency("64 B round trip", session: alone, raw: rawRTT)
+            let loaded = try await pair.roundTrips(samples: samples, duringBulk: true)
+            report.latency("64 B round trip during bulk", session: loaded, raw: nil)
+            await pair.close()
+            report.line("")
+        }
+
+        let mesh = try await Mesh.form(peers: 8)
+        report.section("mesh")
+        report.row("8-peer mesh formation (encrypted)", Report.ms(mesh), "", "")
+        report.line("")
+        var usage = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &usage)
+        report.line("peak RSS: \(usage.ru_maxrss / 1024) MiB")
+    }
+
+    static var buildKind: String {
+        #if DEBUG
+        "debug (use -c release for real figures)"
+        #else
+        "release"
+        #endif
+    }
+}
+
+/// Two connected sessions on 127.0.0.1.
+struct LoopbackPair {
+    let a: BenchPeer
+    let b: BenchPeer
+    let tasks: [Task<Void, Never>]
+    let connectTime: Duration
+
+    static func connect(encryption: EncryptionPreference) async throws -> LoopbackPair {
+        let a = try BenchPeer("bench-a", encryption: encryption)
+        let b = try BenchPeer("bench-b", encryption: encryption)
+        let tasks = [Task { await a.run() }, Task { await b.run() }]
+        let start = ContinuousClock.now
+        a.session.discovered(.found(b.discovered))
+        b.session.discovered(.found(a.discovered))
+        try await withDeadline(.seconds(20), "the two sessions did not connect") {
+            await a.waitForConnected(1)
+            await b.waitForConnected(1)
+        }
+        return LoopbackPair(a: a, b: b, tasks: tasks, connectTime: ContinuousClock.now - start)
+    }
+
+    /// Seconds to move `total` bytes from a to b as messages of `size`, at most 8 MiB in flight.
+    func throughput(messageSize size: Int, total: Int) async throws -> Double {
+        let count = max(1, total / size)
+        let base = b.bytesReceived
+        let window = max(8 << 20, 4 * size)
+        let message = [UInt8](repeating: 0xA5, count: size)
+        let start = ContinuousClock.now
+        try await withDeadline(.seconds(300), "bulk messages did not arrive") {
+            var sent = 0
+            for _ in 0..<count {
+                if sent - (b.bytesReceived - base) > window { await b.waitForBytes(base + sent - window / 2) }
+                try await a.session.send(message, to: [b.peer])
+                sent += size
+            }
+            await b.waitForBytes(base + count * size)
+        }
+        return seconds(ContinuousClock.now - start)
+    }
+
+    /// Round trips of 64-byte messages, optionally while a bulk transfer runs the same way.
+    func roundTrips(samples: Int, duringBulk: Bool) async throws -> [Double] {
+        let bulk: Task<Void, Never>? = duringBulk ? Task { [a, b] in
+            let message = [UInt8](repeating: 0xA5, count: 64 * 1024)
+            let base = b.bytesReceived
+            var sent = 0
+            // Bounded: at most 4 GiB, and it stops when the samples are done.
+            while !Task.isCancelled, sent < 4 << 30 {
+                if sent - (b.bytesReceived - base) > 8 << 20 { try? await Task.sleep(for: .milliseconds(1)); continue }
+                guard (try? await a.session.send(message, to: [b.peer])) != nil else { return }
+                sent += message.count
+            }
+        } : nil
+        defer { bulk?.cancel() }
+        if duringBulk { try await Task.sleep(for: .milliseconds(200)) }
+        var times: [Double] = []
+        for _ in 0..<samples {
+            let rtt = try await withDeadline(.seconds(30), "a ping was not answered") { try await a.roundTrip(to: b.peer) }
+            times.append(seconds(rtt))
+        }
+        return times
+    }
+
+    func close() async {
+        await a.session.disconnect()
+        await b.session.disconnect()
+        for task in tasks { await task.value }
+    }
+}
+
+enum Mesh {
+    /// Time from every peer learning of every other to every peer connected to all others.
+    static func form(peers count: Int) async throws -> Duration {
+        let peers = try (0..<count).map { try BenchPeer("mesh-\($0)", encryption: .required) }
+        let tasks = peers.map { peer in Task { await peer.run() } }
+        let start = ContinuousClock.now
+        for peer in peers {
+            for other in peers where other !== peer { peer.session.discovered(.found(other.discovered)) }
+        }
+        try await withDeadline(.seconds(60), "the \(count)-peer mesh did not form") {
+            for peer in peers { await peer.waitForConnected(count - 1) }
+        }
+        let elapsed = ContinuousClock.now - start
+        for peer in peers { await peer.session.disconnect() }
+        for task in tasks { await task.value }
+        return elapsed
+    }
+}
+
+/// Runs `body`, failing with `what` when it takes longer than `limit`.
+func withDeadline<T: Sendable>(
+    _ limit: Duration, _ what: String, _ body: @escaping @Sendable () async throws -> T
+) async throws -> T {
+    try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try await Task.sleep(for: limit)
+            return nil
+        }
+        defer { group.cancelAll() }
+        guard let first = try await group.next(), let value = first else { throw BenchError("\(what) within \(limit)") }
+        return value
+    }
+}
+
+/// The results table, printed as it grows.
+final class Report: Sendable {
+    func line(_ text: String) { print(text) }
+
+    func section(_ title: String) {
+        print("\(title)")
+        print("  " + pad("measurement", 34) + pad("PeerLink", 16) + pad("raw TCP", 16) + "ratio")
+    }
+
+    func row(_ name: String, _ session: String, _ raw: String, _ ratio: String) {
+        print("  " + pad(name, 34) + pad(session, 16) + pad(raw, 16) + ratio)
+    }
+
+    func throughput(_ name: String, bytes: Int, session: Double, raw: Double) {
+        let s = Double(bytes) / session
+        let r = Double(bytes) / raw
+        row(name, Self.rate(s), Self.rate(r), String(format: "%.2f", s / r))
+    }
+
+    func latency(_ name: String, session: [Double], raw: [Double]?) {
+        let s = Self.percentiles(session)
+        let r = raw.map(Self.percentiles)
+        row(name + " p50", Self.us(s.p50), r.map { Self.us($0.p50) } ?? "", r.map { String(format: "%.2f", s.p50 / $0.p50) } ?? "")
+        row(name + " p99", Self.us(s.p99), r.map { Self.us($0.p99) } ?? "", r.map { String(format: "%.2f", s.p99 / $0.p99) } ?? "")
+    }
+
+    static func percentiles(_ values: [Double]) -> (p50: Double, p99: Double) {
+        let sorted = values.sorted()
+        guard !sorted.isEmpty else { return (0, 0) }
+        func at(_ q: Double) -> Double { sorted[min(sorted.count - 1, Int(Double(sorted.count - 1) * q + 0.5))] }
+        return (at(0.5), at(0.99))
+    }
+
+    static func rate(_ bytesPerSecond: Double) -> String {
+        bytesPerSecond >= 1e9 ? String(format: "%.2f GB/s", bytesPerSecond / 1e9) : String(format: "%.1f MB/s", bytesPerSecond / 1e6)
+    }
+
+    static func us(_ seconds: Double) -> String { String(format: "%.0f µs", seconds * 1e6) }
+    static func ms(_ duration: Duration) -> String { String(format: "%.1f ms", durationSeconds(duration) * 1000) }
+    static func size(_ bytes: Int) -> String { bytes >= 1 << 20 ? "\(bytes >> 20) MiB" : bytes >= 1024 ? "\(bytes >> 10) KiB" : "\(bytes) B" }
+
+    private func pad(_ text: String, _ width: Int) -> String {
+        text.count >= width ? text + " " : text + String(repeating: " ", count: width - text.count)
+    }
+}

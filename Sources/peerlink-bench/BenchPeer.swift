@@ -1,0 +1,136 @@
+import Foundation
+import PeerLink
+import Synchronization
+
+/// One session of the benchmark, on 127.0.0.1, with its events consumed in a task of its own:
+/// it counts bulk bytes, echoes pings, answers pongs, and records who is connected.
+final class BenchPeer: Sendable {
+    static let service = try! ServiceType("bench")
+    static let ping: UInt8 = 0x50
+    static let pong: UInt8 = 0x51
+
+    let session: PeerSession
+    let listener: TCPTransportListener
+    private let state = Mutex(State())
+
+    private struct State {
+        var bytes = 0
+        var connected: Set<PeerID> = []
+        var waiters: [(check: @Sendable (State) -> Bool, continuation: CheckedContinuation<Void, Never>)] = []
+        var pong: CheckedContinuation<Void, Never>?
+    }
+
+    init(_ name: String, encryption: EncryptionPreference, automatic: Bool = true) throws {
+        listener = try TCPTransportListener(host: "127.0.0.1")
+        session = PeerSession(
+            configuration: PeerSessionConfiguration(
+                identity: .generate(), displayName: try DisplayName(name), serviceType: Self.service,
+                encryption: encryption, policy: SessionPolicy(automatic: automatic)),
+            transport: TCPTransport(), listener: listener)
+    }
+
+    var peer: PeerID { session.localPeer }
+    var discovered: DiscoveredPeer {
+        DiscoveredPeer(id: peer, protocolVersion: 1, endpoints: listener.localEndpoints, info: try! DiscoveryInfo())
+    }
+
+    /// Runs the session and consumes its events until the session ends.
+    func run() async {
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.session.run() }
+            group.addTask {
+                for await event in self.session.events { await self.handle(event) }
+            }
+        }
+        listener.close()
+    }
+
+    private func handle(_ event: PeerSessionEvent) async {
+        switch event {
+        case .peerStateChanged(let peer, let state, _):
+            update { current in
+                if state == .connected { current.connected.insert(peer) } else { current.connected.remove(peer) }
+            }
+        case .message(let from, let data, _):
+            switch data.first {
+            case Self.ping:
+                var reply = data
+                reply[0] = Self.pong
+                try? await session.send(reply, to: [from])
+            case Self.pong:
+                takePong()?.resume()
+            default:
+                update { $0.bytes += data.count }
+            }
+        default:
+            break
+        }
+    }
+
+    private func update(_ body: (inout State) -> Void) {
+        let ready = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            body(&state)
+            let snapshot = state
+            var ready: [CheckedContinuation<Void, Never>] = []
+            state.waiters.removeAll { waiter in
+                guard waiter.check(snapshot) else { return false }
+                ready.append(waiter.continuation)
+                return true
+            }
+            return ready
+        }
+        for continuation in ready { continuation.resume() }
+    }
+
+    private func wait(until check: @escaping @Sendable (State) -> Bool) async {
+        await withCheckedContinuation { continuation in
+            let now = state.withLock { state -> Bool in
+                if check(state) { return true }
+                state.waiters.append((check, continuation))
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    /// Waits until at least `count` bulk bytes in all have arrived.
+    func waitForBytes(_ count: Int) async { await wait { $0.bytes >= count } }
+    var bytesReceived: Int { state.withLock { $0.bytes } }
+
+    /// Waits until `count` peers are connected.
+    func waitForConnected(_ count: Int) async { await wait { $0.connected.count >= count } }
+
+    /// One ping to `peer` and its pong: the round trip time.
+    func roundTrip(to peer: PeerID, size: Int = 64) async throws -> Duration {
+        let clock = ContinuousClock()
+        var message = [UInt8](repeating: 0, count: size)
+        message[0] = Self.ping
+        let ping = message
+        let failure = FailureBox()
+        let start = clock.now
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            state.withLock { $0.pong = continuation }
+            Task {
+                do {
+                    try await session.send(ping, to: [peer])
+                } catch {
+                    failure.value.withLock { $0 = (error as? PeerLinkError) ?? PeerLinkError(.unknown, "\(error)") }
+                    takePong()?.resume()
+                }
+            }
+        }
+        if let error = failure.value.withLock({ $0 }) { throw error }
+        return clock.now - start
+    }
+
+    private func takePong() -> CheckedContinuation<Void, Never>? {
+        state.withLock { state in
+            defer { state.pong = nil }
+            return state.pong
+        }
+    }
+}
+
+final class FailureBox: Sendable {
+    let value = Mutex<PeerLinkError?>(nil)
+}
