@@ -44,7 +44,7 @@ public struct FileReceiver: Sendable {
         do {
             message = try await reader.next()
         } catch let error as PeerLinkError where error.code == .cancelled {
-            throw TransferFailure(.cancelledByPeer, "cancelled by the peer: \(error.message)")
+            throw TransferFailure(.cancelledByPeer, "cancelled by the peer: \(FileTransfer.peerReason(error.message))")
         } catch let error as PeerLinkError where error.code == .unknown || error.code == .unsupported {
             channel.reset(reason: error.message)
             throw TransferFailure(.protocolError, error.message)

@@ -137,13 +137,21 @@ public final class FileTransfer: Sendable {
         if let failure = error as? TransferFailure { return failure }
         if let error = error as? PeerLinkError {
             switch error.code {
-            case .cancelled: return TransferFailure(.cancelledByPeer, "cancelled by the peer: \(error.message)")
+            case .cancelled: return TransferFailure(.cancelledByPeer, "cancelled by the peer: \(Self.peerReason(error.message))")
             case .unknown where error.message.contains("resource protocol"), .unsupported:
                 return TransferFailure(.protocolError, error.message)
             default: return TransferFailure(.linkLost, "the link to \(peer.displayName) went away: \(error.message)")
             }
         }
         return TransferFailure(.linkLost, "the link to \(peer.displayName) went away: \(error)")
+    }
+}
+
+extension FileTransfer {
+    /// The peer's own words in a reset's message ("stream "x" was reset by the peer: REASON").
+    static func peerReason(_ message: String) -> String {
+        guard let range = message.range(of: "reset by the peer: ", options: .backwards) else { return message }
+        return String(message[range.upperBound...])
     }
 }
 

@@ -14,7 +14,7 @@ struct PeerLinkCommand: AsyncParsableCommand {
               64  invalid input: a bad option, service type, name or --info (the message names the rule)
               69  a service or radio is unavailable: avahi-daemon not running, no Bluetooth, ...
             """,
-        subcommands: [Radios.self, Advertise.self, Scan.self, Chat.self]
+        subcommands: [Radios.self, Advertise.self, Scan.self, Chat.self, Send.self, Receive.self]
     )
 }
 
