@@ -16,7 +16,10 @@ struct Chat: AsyncParsableCommand {
             sides print why. Meet a peer once without the flag to trust it.
 
             Typed lines go to every connected peer. Commands: /peers lists the peers with transport, \
-            id and verification code; /quit leaves.
+            id and verification code; /send PATH sends a file to every connected peer (progress \
+            lines while chat goes on, then "* NAME verified by PEER"); /quit leaves. Files peers \
+            send are saved into --dir (default: the current directory; an existing file is never \
+            overwritten: "NAME (1).EXT") and "* saved PATH (from PEER, ...)" says where.
 
             When standard input or output is not a terminal, chat is scriptable: one line in is one \
             message (lines read before anybody is connected wait for the first peer, up to --wait \
@@ -45,6 +48,9 @@ struct Chat: AsyncParsableCommand {
     @Flag(help: "Admit only peers met before (in the known-peers file); refuse every other peer.")
     var refuseUnknown = false
 
+    @Option(help: "The directory files sent with /send by peers are saved in.")
+    var dir: String = "."
+
     @Option(help: "Seconds to wait for a first peer when reading from a script before giving up.")
     var wait: Double = 30
 
@@ -63,6 +69,9 @@ struct Chat: AsyncParsableCommand {
         }
         guard Self.preference(encryption) != nil else {
             throw ArgumentParser.ValidationError("--encryption must be none, optional or required, not '\(encryption)'")
+        }
+        guard PosixFile.isDirectory(dir) else {
+            throw ArgumentParser.ValidationError("--dir \(dir) is not an existing directory: create it first")
         }
         guard wait > 0, wait <= 3600 else {
             throw ArgumentParser.ValidationError("--wait must be more than 0 and at most 3600 seconds")
@@ -112,6 +121,8 @@ struct Chat: AsyncParsableCommand {
         let inviteName = invite
         let acceptEverything = acceptAll
         let waitLimit = Duration.milliseconds(Int(wait * 1000))
+        let receiver = FileReceiver(directory: dir)
+        let files = ChatFiles()
 
         let outcome: Int32 = await withTaskGroup(of: Int32?.self) { group in
             group.addTask {
@@ -170,9 +181,14 @@ struct Chat: AsyncParsableCommand {
                     return nil
                 }
             }
+            // Files peers send (/send on their side): saved into --dir.
+            group.addTask {
+                await ChatFiles.receive(session: session, receiver: receiver, console: console)
+                return nil
+            }
             // Input: lines to send, commands.
             group.addTask {
-                await Self.readInput(session: session, console: console, waitLimit: waitLimit)
+                await Self.readInput(session: session, console: console, waitLimit: waitLimit, files: files)
             }
             var status: Int32 = 0
             for await result in group {
@@ -189,7 +205,7 @@ struct Chat: AsyncParsableCommand {
     }
 
     /// Reads lines until /quit or end of input; returns the exit status.
-    static func readInput(session: PeerSession, console: ChatConsole, waitLimit: Duration) async -> Int32 {
+    static func readInput(session: PeerSession, console: ChatConsole, waitLimit: Duration, files: ChatFiles) async -> Int32 {
         var pending: [String] = []
         for await line in console.lines() {
             switch line.trimmingCharacters(in: .whitespaces) {
@@ -203,8 +219,11 @@ struct Chat: AsyncParsableCommand {
                     console.status("  \(id.displayName)  \(id.fingerprint.grouped)  \(info.map { "\($0.transport) \($0.remote)  \($0.encrypted ? "encrypted" : "NOT encrypted")  code \($0.verificationCode)" } ?? "")")
                 }
                 continue
+            case let command where command.hasPrefix("/send "):
+                files.send(path: String(command.dropFirst(6)).trimmingCharacters(in: .whitespaces), session: session, console: console)
+                continue
             case let command where command.hasPrefix("/"):
-                console.status("unknown command \(command): /peers lists peers, /quit leaves")
+                console.status("unknown command \(command): /peers lists peers, /send PATH sends a file, /quit leaves")
                 continue
             default:
                 break
@@ -215,7 +234,9 @@ struct Chat: AsyncParsableCommand {
             }
             await flush(&pending, session: session, waitLimit: nil)
         }
-        // End of input: send what was read, waiting a bounded time for a first peer.
+        // End of input: let files being sent finish, then send what was read, waiting a bounded
+        // time for a first peer.
+        await files.waitUntilDone()
         if !pending.isEmpty {
             await flush(&pending, session: session, waitLimit: waitLimit)
             if !pending.isEmpty {

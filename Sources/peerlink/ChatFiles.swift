@@ -1,0 +1,78 @@
+import Foundation
+import PeerLink
+
+/// Files in `peerlink chat`: `/send PATH` to every connected peer, and files peers send, saved.
+final class ChatFiles: @unchecked Sendable {
+    private let lock = NSLock()
+    private var active = 0
+
+    /// Sends the file at `path` to every connected peer, in a task of its own: progress lines
+    /// as status, then "* NAME verified by PEER" (or the failure) for each peer.
+    func send(path: String, session: PeerSession, console: ChatConsole) {
+        guard !path.isEmpty else {
+            console.status("/send needs a path: /send PATH")
+            return
+        }
+        lock.withLock { active += 1 }
+        Task {
+            defer { lock.withLock { active -= 1 } }
+            let file: OutgoingFile
+            do throws(TransferFailure) {
+                file = try await OutgoingFile.prepare(path: path)
+            } catch {
+                console.warning("peerlink: \(error.message)")
+                return
+            }
+            let peers = await session.connectedPeers()
+            guard !peers.isEmpty else {
+                console.status("nobody connected: \(file.name) not sent")
+                return
+            }
+            console.status("sending \(file.name) (\(TransferProgressView.bytes(file.size))) to \(peers.map(\.displayName).sorted().joined(separator: ", "))")
+            await withTaskGroup(of: Void.self) { group in
+                for peer in peers {
+                    group.addTask {
+                        let transfer = session.sendFile(file, to: peer)
+                        let view = TransferProgressView(bar: false, output: { console.status($0) })
+                        switch await view.follow(transfer, label: "\(file.name) to \(peer.displayName)") {
+                        case .success: console.event("* \(file.name) verified by \(peer.displayName)")
+                        case .failure(let failure): console.warning("peerlink: \(file.name) to \(peer.displayName): \(failure.message)")
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Returns once no /send is in progress.
+    func waitUntilDone() async {
+        while lock.withLock({ active }) > 0 { try? await Task.sleep(for: .milliseconds(100)) }
+    }
+
+    /// Accepts every file a chat peer sends (they are members of the chat already) and saves it
+    /// with `receiver`, printing where.
+    static func receive(session: PeerSession, receiver: FileReceiver, console: ChatConsole) async {
+        await withTaskGroup(of: Void.self) { group in
+            for await stream in session.incomingStreams {
+                guard stream.name == ResourceProtocol.streamName else {
+                    stream.reset(reason: "chat only takes file transfers on streams")
+                    continue
+                }
+                group.addTask {
+                    guard let incoming = try? await receiver.offer(on: stream) else { return }
+                    let from = incoming.peer.displayName
+                    console.status("receiving \(incoming.name) (\(TransferProgressView.bytes(incoming.size))) from \(from)")
+                    let view = TransferProgressView(bar: false, output: { console.status($0) })
+                    switch await view.follow(incoming.accept(), label: "\(incoming.name) from \(from)") {
+                    case .success(.received(let path)):
+                        console.event("* saved \(path) (from \(from), \(incoming.size) bytes, SHA-256 verified)")
+                    case .success(.sent):
+                        break
+                    case .failure(let failure):
+                        console.warning("peerlink: \(incoming.name) from \(from): \(failure.message)")
+                    }
+                }
+            }
+        }
+    }
+}
