@@ -6,7 +6,8 @@
 # Steps: 1. Hardware/setup.sh --tests (installs what is missing, finds the interop Python)
 #        2. Hardware/daemons.sh start (system dbus + lo-only avahi); on exit, `daemons.sh stop`
 #           stops only what this run started (and restarts an avahi a test left stopped)
-#        3. swift build --build-tests, then swift test --skip-build [arguments...]
+#        3. swift build --build-tests, then swift test --skip-build [arguments...], then a
+#           few-second smoke run of the benchmark (peerlink-bench --smoke; loopback only)
 #        4. the Bluetooth VM lab (run_bluetooth_lab; not yet part of the suite)
 # Exit status: that of swift test (or of the Bluetooth lab if the tests passed).
 #
@@ -118,6 +119,12 @@ if [ "${PEERLINK_TEST_DRY_RUN:-0}" = 1 ]; then
 else
     "${build_cmd[@]}" || { test_rc=$?; say "build failed (exit $test_rc)"; exit "$test_rc"; }
     "${test_cmd[@]}" || test_rc=$?
+    # The benchmark's smoke run: it must run to the end; its figures mean nothing in a debug build.
+    if [ "$test_rc" = 0 ] && [ $# = 0 ]; then
+        bench=$(swift build "${scratch[@]}" --show-bin-path)/peerlink-bench
+        say "benchmark smoke run: $bench --smoke"
+        timeout 300 "$bench" --smoke || { test_rc=$?; say "benchmark smoke run failed (exit $test_rc)"; }
+    fi
 fi
 
 # ---------------------------------------------------------------------------------------------

@@ -46,11 +46,14 @@ struct Bench: AsyncParsableCommand {
                 let raw = try RawTCP.throughput(messageSize: size, total: total)
                 report.throughput("\(Report.size(size)) messages", bytes: total, session: session, raw: raw)
             }
+            let streamed = try await pair.streamThroughput(total: volume)
+            let rawStream = try RawTCP.throughput(messageSize: 64 * 1024, total: volume)
+            report.throughput("one stream of \(Report.size(volume))", bytes: volume, session: streamed, raw: rawStream)
             let alone = try await pair.roundTrips(samples: samples, duringBulk: false)
             let rawRTT = try RawTCP.roundTrips(size: 64, samples: samples)
             report.latency("64 B round trip", session: alone, raw: rawRTT)
             let loaded = try await pair.roundTrips(samples: samples, duringBulk: true)
-            report.latency("64 B round trip during bulk", session: loaded, raw: nil)
+            report.latency("64 B round trip during a bulk stream", session: loaded, raw: nil)
             await pair.close()
             report.line("")
         }
@@ -113,18 +116,37 @@ struct LoopbackPair {
         return seconds(ContinuousClock.now - start)
     }
 
-    /// Round trips of 64-byte messages, optionally while a bulk transfer runs the same way.
+    /// Seconds to move `total` bytes from a to b over one stream (64 KiB writes; the stream's
+    /// credit window is the only limit).
+    func streamThroughput(total: Int) async throws -> Double {
+        let base = b.bytesReceived
+        let chunk = [UInt8](repeating: 0x5A, count: 64 * 1024)
+        let start = ContinuousClock.now
+        try await withDeadline(.seconds(300), "the stream's bytes did not arrive") {
+            let stream = try await a.session.openStream(named: "bench", to: b.peer)
+            var sent = 0
+            while sent < total {
+                try await stream.write(chunk)
+                sent += chunk.count
+            }
+            try await stream.finish()
+            await b.waitForBytes(base + sent)
+        }
+        return seconds(ContinuousClock.now - start)
+    }
+
+    /// Round trips of 64-byte messages, optionally while a stream from a to b runs at full speed.
     func roundTrips(samples: Int, duringBulk: Bool) async throws -> [Double] {
         let bulk: Task<Void, Never>? = duringBulk ? Task { [a, b] in
-            let message = [UInt8](repeating: 0xA5, count: 64 * 1024)
-            let base = b.bytesReceived
+            guard let stream = try? await a.session.openStream(named: "bulk", to: b.peer) else { return }
+            let chunk = [UInt8](repeating: 0xA5, count: 64 * 1024)
             var sent = 0
             // Bounded: at most 4 GiB, and it stops when the samples are done.
             while !Task.isCancelled, sent < 4 << 30 {
-                if sent - (b.bytesReceived - base) > 8 << 20 { try? await Task.sleep(for: .milliseconds(1)); continue }
-                guard (try? await a.session.send(message, to: [b.peer])) != nil else { return }
-                sent += message.count
+                guard (try? await stream.write(chunk)) != nil else { return }
+                sent += chunk.count
             }
+            stream.reset(reason: "the measurement is over")
         } : nil
         defer { bulk?.cancel() }
         if duringBulk { try await Task.sleep(for: .milliseconds(200)) }
@@ -184,11 +206,11 @@ final class Report: Sendable {
 
     func section(_ title: String) {
         print("\(title)")
-        print("  " + pad("measurement", 34) + pad("PeerLink", 16) + pad("raw TCP", 16) + "ratio")
+        print("  " + pad("measurement", 42) + pad("PeerLink", 16) + pad("raw TCP", 16) + "ratio")
     }
 
     func row(_ name: String, _ session: String, _ raw: String, _ ratio: String) {
-        print("  " + pad(name, 34) + pad(session, 16) + pad(raw, 16) + ratio)
+        print("  " + pad(name, 42) + pad(session, 16) + pad(raw, 16) + ratio)
     }
 
     func throughput(_ name: String, bytes: Int, session: Double, raw: Double) {

@@ -41,6 +41,18 @@ final class BenchPeer: Sendable {
             group.addTask {
                 for await event in self.session.events { await self.handle(event) }
             }
+            group.addTask {
+                // Every incoming stream is read to its end; its bytes count as bulk bytes.
+                await withTaskGroup(of: Void.self) { readers in
+                    for await stream in self.session.incomingStreams {
+                        readers.addTask {
+                            while let chunk = try? await stream.read() {
+                                self.update { $0.bytes += chunk.count }
+                            }
+                        }
+                    }
+                }
+            }
         }
         listener.close()
     }
