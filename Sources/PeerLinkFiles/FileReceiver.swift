@@ -120,7 +120,9 @@ public struct IncomingFile: Sendable {
         do {
             return .success(try await run(transfer, base: base))
         } catch {
-            return .failure(transfer.failure(from: error))
+            let failure = transfer.failure(from: error)
+            if failure.kind == .protocolError { channel.reset(reason: failure.message) }
+            return .failure(failure)
         }
     }
 

@@ -108,9 +108,8 @@ public struct FileSender: Sendable {
             } catch {
                 let failure = transfer.failure(from: error)
                 guard failure.kind == .linkLost else {
-                    if failure.kind == .cancelled || failure.kind == .fileSystem && !(error is TransferFailure) {
-                        channel.reset(reason: failure.message)
-                    }
+                    // Whatever the peer still holds of this stream goes (a reset it sent needs no answer).
+                    if failure.kind != .cancelledByPeer { channel.reset(reason: failure.message) }
                     return .failure(failure)
                 }
                 // The window runs from the first loss after the last offer the receiver answered.
