@@ -98,7 +98,10 @@ let package = Package(
         // The benchmark (not a test): sessions against raw sockets, in one run.
         .executableTarget(
             name: "peerlink-bench",
-            dependencies: ["PeerLink", .product(name: "ArgumentParser", package: "swift-argument-parser")],
+            dependencies: [
+                "PeerLink", .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strict
         ),
 

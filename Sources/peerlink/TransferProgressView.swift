@@ -16,9 +16,12 @@ struct TransferProgressView: Sendable {
         var lastPercent = -1
         let failure = await Self.drain(transfer.updates) { progress in
             if bar {
+                // Redrawn at most ten times a second, and at the end.
                 let percent = Int(progress.fraction * 1000)
-                guard percent != lastPercent else { return }
+                guard percent != lastPercent, clock.now - lastLine >= .milliseconds(100) || progress.bytesDone == progress.total
+                else { return }
                 lastPercent = percent
+                lastLine = clock.now
                 FileHandle.standardOutput.write(Data(("\r" + Self.barLine(label, progress) + "\u{1B}[K").utf8))
             } else if clock.now - lastLine >= .seconds(1) || progress.bytesDone == progress.total {
                 lastLine = clock.now
