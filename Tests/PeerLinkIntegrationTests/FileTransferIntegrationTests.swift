@@ -121,7 +121,7 @@ extension TransferUpdates {
 }
 
 @Suite(
-    "Files over real sessions: loopback TCP, the real avahi-daemon",
+    "Files over real sessions: loopback TCP, the real avahi-daemon", .serialized,
     .enabled(if: TestHost.avahiTestsEnabled, "avahi-daemon is not running (Hardware/test.sh starts one restricted to lo)"))
 struct FileTransferIntegrationTests {
     @Test("100 MiB with the link cut in the middle resumes (not restarts) and ends with the right SHA-256", .timeLimit(.minutes(8)))
@@ -191,7 +191,7 @@ struct FileTransferIntegrationTests {
         try await withSharedAvahi {
             let pair = try FilePair()
             defer { Task { await pair.close() } }
-            let file = try await OutgoingFile.prepare(path: try FilePair.makeFile(mebibytes: 20))
+            let file = try await OutgoingFile.prepare(path: try FilePair.makeFile(mebibytes: 8))
             try await pair.waitConnected()
             let transfer = pair.sender.session.sendFile(file, to: pair.receiverPeer)
             let ended = await transfer.updates.drain { progress in
@@ -212,7 +212,7 @@ struct FileTransferIntegrationTests {
         try await withSharedAvahi {
             let pair = try FilePair()
             defer { Task { await pair.close() } }
-            let file = try await OutgoingFile.prepare(path: try FilePair.makeFile(mebibytes: 20))
+            let file = try await OutgoingFile.prepare(path: try FilePair.makeFile(mebibytes: 8))
             try await pair.waitConnected()
             let transfer = pair.sender.session.sendFile(file, to: pair.receiverPeer)
             var iterator = pair.received.makeAsyncIterator()
@@ -229,7 +229,7 @@ struct FileTransferIntegrationTests {
 }
 
 @Suite(
-    "peerlink send | receive",
+    "peerlink send | receive", .serialized,
     .enabled(if: TestHost.avahiTestsEnabled, "avahi-daemon is not running (Hardware/test.sh starts one restricted to lo)"))
 struct SendReceiveCLITests {
     @Test("send → receive --accept-all: both exit 0 and the files arrive verified", .timeLimit(.minutes(3)))
