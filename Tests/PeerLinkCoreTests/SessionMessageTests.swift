@@ -108,6 +108,20 @@ struct SessionMessageTests {
         #expect(net.received(1)[1].data == large)
     }
 
+    @Test func manySmallMessagesQueuedAtOnceLeaveInOrderOneFrameEach() throws {
+        var net = try Self.connectedPair()
+        let count = 20_000
+        for index in 0..<count { try net.send(0, Self.bytes(8, seed: index), to: [1]) }
+        let (_, frames) = try Self.drain(&net, 0)
+        #expect(frames.count == count)
+        for (index, frame) in frames.enumerated() {
+            guard case .message(_, let flags, let chunk) = frame, flags.isEmpty, chunk == Self.bytes(8, seed: index) else {
+                Issue.record("frame \(index) is \(frame)")
+                return
+            }
+        }
+    }
+
     @Test func sixteenMebibytesIsTheLimitBothWays() throws {
         var net = try Self.connectedPair()
         let limit = WireFormat.maxMessageLength

@@ -18,26 +18,66 @@ struct OutgoingMessage: Sendable {
     var id: UInt32?
 }
 
+/// A first-in-first-out queue whose `removeFirst` costs O(1) (amortised): taken items are
+/// skipped by a head index and the storage is compacted once more than half of it is dead.
+struct FIFO<Element: Sendable>: Sendable {
+    private var storage: [Element] = []
+    private var head = 0
+
+    var isEmpty: Bool { head == storage.count }
+    var count: Int { storage.count - head }
+    /// The queued items, oldest first.
+    var items: ArraySlice<Element> { storage[head...] }
+
+    mutating func append(_ element: Element) { storage.append(element) }
+
+    mutating func removeFirst() -> Element? {
+        guard head < storage.count else { return nil }
+        let element = storage[head]
+        head += 1
+        if head == storage.count {
+            storage.removeAll(keepingCapacity: true)
+            head = 0
+        } else if head >= 64, head * 2 >= storage.count {
+            storage.removeFirst(head)
+            head = 0
+        }
+        return element
+    }
+
+    mutating func removeAll(where predicate: (Element) -> Bool) {
+        storage = storage[head...].filter { !predicate($0) }
+        head = 0
+    }
+
+    /// Applies `change` to every queued item in place.
+    mutating func updateEach(_ change: (inout Element) -> Void) {
+        for index in head..<storage.count { change(&storage[index]) }
+    }
+}
+
 /// Everything queued for one peer, whatever link will carry it: the peer's send link can
 /// change (a duplicate collapsed, a link lost), and the queue moves with the peer.
 ///
 /// Three lanes: control messages first (first in, first out); then unreliable messages (a small
 /// bounded lane) and reliable messages take turns, a datagram then a chunk, so neither waits
-/// behind the other; reliable messages go one chunk per turn, round-robin, so a small message
-/// queued after a large one is finished long before the large one.
+/// behind the other; reliable messages go one chunk per turn, round-robin (a message with
+/// chunks left goes to the back of the lane), so a small message queued after a large one is
+/// finished long before the large one. Every operation on the lanes is O(1) amortised, however
+/// many messages wait.
 struct PeerOutbox: Sendable {
-    private(set) var control: [QueuedControl] = []
-    private(set) var datagrams: [[UInt8]] = []
-    private(set) var messages: [OutgoingMessage] = []
-    private var cursor = 0
+    private var control = FIFO<QueuedControl>()
+    private var datagrams = FIFO<[UInt8]>()
+    private var messages = FIFO<OutgoingMessage>()
     /// The last frame taken from the datagram and message lanes was a datagram.
     private(set) var datagramsLast = false
 
     var isEmpty: Bool { control.isEmpty && datagrams.isEmpty && messages.isEmpty }
+    var hasMessages: Bool { !messages.isEmpty }
 
     mutating func enqueue(_ item: QueuedControl) { control.append(item) }
 
-    func contains(_ item: QueuedControl) -> Bool { control.contains(item) }
+    func contains(_ item: QueuedControl) -> Bool { control.items.contains(item) }
 
     mutating func removeControl(where predicate: (QueuedControl) -> Bool) { control.removeAll(where: predicate) }
 
@@ -55,30 +95,26 @@ struct PeerOutbox: Sendable {
     /// The send link changed: chunks taken on the old one died with it, so every message begins
     /// again, whole, under a new id. Messages whose every chunk was taken are gone already.
     mutating func restartMessages() {
-        for index in messages.indices {
-            messages[index].offset = 0
-            messages[index].id = nil
+        messages.updateEach { message in
+            message.offset = 0
+            message.id = nil
         }
     }
 
-    mutating func takeControl() -> QueuedControl? {
-        control.isEmpty ? nil : control.removeFirst()
-    }
+    mutating func takeControl() -> QueuedControl? { control.removeFirst() }
 
     mutating func takeDatagram() -> [UInt8]? {
-        guard !datagrams.isEmpty else { return nil }
+        guard let datagram = datagrams.removeFirst() else { return nil }
         datagramsLast = true
-        return datagrams.removeFirst()
+        return datagram
     }
 
-    /// The next chunk, round-robin across the queued messages: one chunk of the message at the
-    /// cursor, then the cursor moves on. `nextID` gives a message its id when its first chunk
-    /// is taken (counting up on the link, skipping 0).
+    /// The next chunk, round-robin across the queued messages: one chunk of the oldest message
+    /// in the lane, which then goes to the back if it has chunks left. `nextID` gives a message
+    /// its id when its first chunk is taken (counting up on the link, skipping 0).
     mutating func takeChunk(nextID: inout UInt32) -> Frame? {
-        guard !messages.isEmpty else { return nil }
+        guard var message = messages.removeFirst() else { return nil }
         datagramsLast = false
-        if cursor >= messages.count { cursor = 0 }
-        var message = messages[cursor]
         let id: UInt32
         if let existing = message.id {
             id = existing
@@ -91,12 +127,7 @@ struct PeerOutbox: Sendable {
         let chunk = Array(message.bytes[message.offset..<end])
         message.offset = end
         let finished = end == message.bytes.count
-        if finished {
-            messages.remove(at: cursor)
-        } else {
-            messages[cursor] = message
-            cursor += 1
-        }
+        if !finished { messages.append(message) }
         return .message(id: id, flags: finished ? [] : .more, chunk: chunk)
     }
 }

@@ -491,7 +491,11 @@ public struct SessionStateMachine: Sendable {
     /// unreliable messages and chunks of reliable messages (round-robin between messages) take
     /// turns, so neither holds up the other.
     public mutating func nextFrame(for link: LinkID) -> Frame? {
-        guard let linkRecord = links[link], var record = peers[linkRecord.peer], record.sendLink == link else { return nil }
+        // The record is taken out of the table while it changes: a copy left behind would make
+        // every change to its outbox copy the whole queue (quadratic with many small messages).
+        guard let linkRecord = links[link], peers[linkRecord.peer]?.sendLink == link,
+            var record = peers.removeValue(forKey: linkRecord.peer)
+        else { return nil }
         defer { peers[linkRecord.peer] = record }
         while let control = record.outbox.takeControl() {
             switch control {
@@ -512,7 +516,7 @@ public struct SessionStateMachine: Sendable {
             }
         }
         // Datagrams and chunks take turns, so a flood of datagrams never holds up reliable messages.
-        if !record.outbox.datagramsLast || record.outbox.messages.isEmpty, let datagram = record.outbox.takeDatagram() {
+        if !record.outbox.datagramsLast || !record.outbox.hasMessages, let datagram = record.outbox.takeDatagram() {
             return .datagram(datagram)
         }
         var nextID = linkRecord.nextMessageID
