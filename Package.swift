@@ -162,7 +162,10 @@ let package = Package(
         ),
         .testTarget(
             name: "PeerLinkIntegrationTests",
-            dependencies: ["PeerLink", "PeerLinkLAN", "PeerLinkPosix", "PeerLinkBluetooth"],
+            dependencies: [
+                "PeerLink", "PeerLinkLAN", "PeerLinkPosix", "PeerLinkBluetooth",
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
             swiftSettings: strict
         ),
     ]

@@ -204,19 +204,13 @@ struct MultipeerAPITests {
         #expect((try? MultipeerPeerID(displayName: String(repeating: "a", count: 63))) != nil)
     }
 
-    @Test("not yet available: resources and streams throw unsupported; sends to nobody throw")
-    func unsupportedAndInvalid() throws {
+    @Test("sends to peers not connected, to nobody, or too large throw")
+    func invalidSends() throws {
         let me = try MultipeerPeerID(displayName: "Me")
         let other = MultipeerPeerID(try MultipeerPeerID(displayName: "Other").peerID)
         let session = MultipeerSession(peer: me)
         #expect(session.encryptionPreference == .required)
         #expect(MultipeerSession.maximumNumberOfPeers == 8)
-        let resource = #expect(throws: PeerLinkError.self) {
-            try session.sendResource(at: URL(fileURLWithPath: "/etc/hostname"), withName: "hostname", toPeer: other)
-        }
-        #expect(resource?.code == .unsupported)
-        let stream = #expect(throws: PeerLinkError.self) { try session.startStream(withName: "audio", toPeer: other) }
-        #expect(stream?.code == .unsupported)
         let notConnected = #expect(throws: PeerLinkError.self) { try session.send(Data([1]), toPeers: [other], with: .reliable) }
         #expect(notConnected?.code == .notConnected)
         let nobody = #expect(throws: PeerLinkError.self) { try session.send(Data([1]), toPeers: [], with: .reliable) }

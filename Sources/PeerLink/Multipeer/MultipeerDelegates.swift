@@ -26,6 +26,37 @@ public protocol MultipeerSessionDelegate: AnyObject, Sendable {
     func session(
         _ session: MultipeerSession, didReceiveCertificate fingerprint: Fingerprint, fromPeer peerID: MultipeerPeerID,
         certificateHandler: @escaping @Sendable (Bool) -> Void)
+
+    /// A peer started sending a file (``MultipeerSession/sendResource(at:withName:toPeer:withCompletionHandler:)``
+    /// on its side). `resourceName` is the name it gave, made safe as a file name (no `/`, no
+    /// `..`, no control characters). `progress` counts the bytes received out of the file's
+    /// size; `progress.cancel()` stops the transfer (both sides then end with an error).
+    ///
+    /// The default does nothing (the file is received all the same).
+    func session(
+        _ session: MultipeerSession, didStartReceivingResourceWithName resourceName: String, fromPeer peerID: MultipeerPeerID,
+        with progress: Progress)
+
+    /// A file from a peer arrived, its SHA-256 verified (`localURL` set, `error` nil), or its
+    /// transfer failed (`localURL` nil, `error` a ``PeerLinkCore/PeerLinkError`` saying why:
+    /// cancelled by either side, the link lost, the bytes did not match).
+    ///
+    /// The file is in a temporary directory of the session and is **removed when this method
+    /// returns**, as in MultipeerConnectivity: move or copy it out before returning (for example
+    /// `FileManager.default.moveItem(at: localURL, to: destination)`).
+    ///
+    /// The default does nothing (the file is removed).
+    func session(
+        _ session: MultipeerSession, didFinishReceivingResourceWithName resourceName: String, fromPeer peerID: MultipeerPeerID,
+        at localURL: URL?, withError error: (any Error)?)
+
+    /// A peer opened a byte stream to the local peer
+    /// (``MultipeerSession/startStream(withName:toPeer:)`` on its side). Keep `stream`, open it,
+    /// and read it on a thread of your own (reads block: see ``MultipeerInputStream``); close
+    /// it when done. A stream that is not read holds its writer.
+    ///
+    /// The default resets the stream: the writer's next write fails.
+    func session(_ session: MultipeerSession, didReceive stream: InputStream, withName streamName: String, fromPeer peerID: MultipeerPeerID)
 }
 
 extension MultipeerSessionDelegate {
@@ -34,6 +65,26 @@ extension MultipeerSessionDelegate {
         certificateHandler: @escaping @Sendable (Bool) -> Void
     ) {
         certificateHandler(true)
+    }
+
+    public func session(
+        _ session: MultipeerSession, didStartReceivingResourceWithName resourceName: String, fromPeer peerID: MultipeerPeerID,
+        with progress: Progress
+    ) {}
+
+    public func session(
+        _ session: MultipeerSession, didFinishReceivingResourceWithName resourceName: String, fromPeer peerID: MultipeerPeerID,
+        at localURL: URL?, withError error: (any Error)?
+    ) {}
+
+    public func session(
+        _ session: MultipeerSession, didReceive stream: InputStream, withName streamName: String, fromPeer peerID: MultipeerPeerID
+    ) {
+        if let stream = stream as? MultipeerInputStream {
+            stream.reset(reason: "the receiving app does not take streams")
+        } else {
+            stream.close()
+        }
     }
 }
 

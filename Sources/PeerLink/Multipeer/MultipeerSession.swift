@@ -31,6 +31,9 @@ import Synchronization
 ///   and throws; the message then goes out in order behind earlier ones.
 /// - ``disconnect()`` reports every peer *not connected* to the delegate at once; the session can
 ///   be invited again afterwards (a new listener is published if an advertiser is attached).
+/// - ``sendResource(at:withName:toPeer:withCompletionHandler:)`` sends a file with a
+///   `Progress`; ``startStream(withName:toPeer:)`` opens a byte stream (a blocking
+///   `OutputStream`). Files and streams from peers reach the delegate.
 /// - Releasing the session closes its links at once.
 public final class MultipeerSession: Sendable {
     /// How ``send(_:toPeers:with:)`` delivers.
@@ -58,6 +61,8 @@ public final class MultipeerSession: Sendable {
     let identity: Identity
     let displayName: DisplayName
     let logger: Logger
+    /// Where files from peers are received (made with the first one, removed with the session).
+    let resourceDirectory: String
     private let state = Mutex(State())
 
     /// - Parameters:
@@ -93,12 +98,15 @@ public final class MultipeerSession: Sendable {
         var logger = logger
         logger[metadataKey: "peer.local"] = "\(peer.fingerprint)"
         self.logger = logger
+        resourceDirectory = Self.makeResourceDirectoryPath()
         MultipeerRegistry.register(self)
     }
 
     deinit {
-        let (generation, publication) = state.withLock { ($0.generation, $0.publication) }
+        let (generation, publication, resources) = state.withLock { ($0.generation, $0.publication, $0.resources.values) }
         publication?.stop()
+        for job in resources { job.cancel(reason: "the session was released") }
+        removeResourceDirectory()
         if let generation {
             generation.commands.finish()
             generation.task.cancel()
@@ -157,6 +165,11 @@ public final class MultipeerSession: Sendable {
     /// the delegate is told every peer is *not connected*. The session stays usable: an advertiser
     /// attached to it keeps advertising (a new listener), and it can be invited again.
     public func disconnect() {
+        let resources = state.withLock { state in
+            defer { state.resources = [:] }
+            return state.resources.values
+        }
+        for job in resources { job.cancel(reason: "\(myPeerID.displayName) left the session", code: .notConnected) }
         let failure = state.withLock { state -> (Advertising, PeerLinkError)? in
             guard let generation = state.generation else { return nil }
             state.generation = nil
@@ -193,25 +206,35 @@ public final class MultipeerSession: Sendable {
         return await session.info(for: peerID.peerID)
     }
 
-    // MARK: - Arriving with the data-plane release
+    // MARK: - For resources and streams
 
-    /// Sending a file to a peer: not available yet.
+    /// The running PeerSession, when `peerID` is connected in it.
     ///
-    /// - Throws: always, a ``PeerLinkCore/PeerLinkError`` (`unsupported`); `completionHandler` is
-    ///   never called.
-    @discardableResult
-    public func sendResource(
-        at resourceURL: URL, withName resourceName: String, toPeer peerID: MultipeerPeerID,
-        withCompletionHandler completionHandler: (@Sendable ((any Error)?) -> Void)? = nil
-    ) throws(PeerLinkError) -> Progress? {
-        throw PeerLinkError(.unsupported, "sending resources (files) arrives with the data-plane release; send messages for now")
+    /// - Throws: `invalidParameter` for the local peer, `notConnected` when the peer is not connected.
+    func peerSession(connectedTo peerID: MultipeerPeerID, for what: String) throws(PeerLinkError) -> PeerSession {
+        if peerID == myPeerID { throw PeerLinkError(.invalidParameter, "a peer cannot \(what) to itself") }
+        return try state.withLock { state throws(PeerLinkError) in
+            guard state.peers[peerID.fingerprint]?.state == .connected, let generation = state.generation else {
+                throw PeerLinkError(.notConnected, "\(peerID) is not connected: \(what) once the delegate is told it is connected")
+            }
+            return generation.peer.session
+        }
     }
 
-    /// Opening a byte stream to a peer: not available yet.
-    ///
-    /// - Throws: always, a ``PeerLinkCore/PeerLinkError`` (`unsupported`).
-    public func startStream(withName streamName: String, toPeer peerID: MultipeerPeerID) throws(PeerLinkError) -> OutputStream {
-        throw PeerLinkError(.unsupported, "streams arrive with the data-plane release; send messages for now")
+    /// Keeps `job` until ``forget(_:)``, so that leaving the session (or the peer leaving)
+    /// cancels it; false (and the job cancelled) when the peer is not connected any more.
+    func track(_ job: ResourceJob) -> Bool {
+        let tracked = state.withLock { state -> Bool in
+            guard state.peers[job.peer]?.state == .connected else { return false }
+            state.resources[ObjectIdentifier(job)] = job
+            return true
+        }
+        if !tracked { job.cancel(reason: "the peer is not connected any more", code: .notConnected) }
+        return tracked
+    }
+
+    func forget(_ job: ResourceJob) {
+        _ = state.withLock { $0.resources.removeValue(forKey: ObjectIdentifier(job)) }
     }
 
     // MARK: - For the advertiser and the browser
@@ -290,7 +313,7 @@ public final class MultipeerSession: Sendable {
     // MARK: - Running
 
     /// Hands `body` the delegate on ``delegateQueue`` (nothing when there is none by then).
-    private func deliver(_ body: @escaping @Sendable (any MultipeerSessionDelegate) -> Void) {
+    func deliver(_ body: @escaping @Sendable (any MultipeerSessionDelegate) -> Void) {
         delegateQueue.async {
             if let delegate = self.delegate { body(delegate) }
         }
@@ -343,6 +366,15 @@ public final class MultipeerSession: Sendable {
                     for await command in commandStream {
                         if let failure = await Self.perform(command, on: peer.session, logger: logger) {
                             owner.session?.commandFailed(failure, generation: number)
+                        }
+                    }
+                }
+                group.addTask {
+                    for await stream in peer.session.incomingStreams {
+                        if let session = owner.session {
+                            session.accept(stream)
+                        } else {
+                            stream.reset(reason: "the session was released")
                         }
                     }
                 }
@@ -407,6 +439,10 @@ public final class MultipeerSession: Sendable {
                 let id = MultipeerPeerID(peer)
                 if peerState == .notConnected {
                     state.peers[peer.fingerprint] = nil
+                    for (key, job) in state.resources where job.peer == peer.fingerprint {
+                        state.resources[key] = nil
+                        job.cancel(reason: "\(peer.displayName) left the session", code: .notConnected)
+                    }
                 } else {
                     state.clock += 1
                     state.peers[peer.fingerprint] = Tracked(peer: id, state: peerState, since: state.clock, answering: false)
@@ -508,6 +544,8 @@ public final class MultipeerSession: Sendable {
         var advertising: Advertising?
         var peers: [Fingerprint: Tracked] = [:]
         var clock = 0
+        /// Files on their way to or from peers, until they end.
+        var resources: [ObjectIdentifier: ResourceJob] = [:]
     }
 
     private struct Tracked {
