@@ -158,8 +158,9 @@ struct MultipeerDataTests {
             nonisolated(unsafe) let output = try pair.annSession.startStream(withName: "camera feed", toPeer: pair.bob)
             #expect(output.streamStatus == .notOpen)
             output.open()
-            // Writes block: on a thread of their own, never on the test's task.
-            let writer = try await onThread { () -> Int in
+            // Writes block (1 MiB is more than the buffers hold until Bob reads): on a thread of
+            // their own, never on the test's task, while Bob reads on another.
+            async let writing = onThread { () -> Int in
                 var offset = 0
                 var pieces = 0
                 while offset < sent.count {
@@ -172,7 +173,6 @@ struct MultipeerDataTests {
                 output.close()
                 return pieces
             }
-            #expect(writer > 10)
 
             try await pair.bobLog.wait("Bob's delegate gets the stream") { !$0.streams.isEmpty }
             let arrived = try #require(pair.bobLog.events.streams.first)
@@ -192,6 +192,7 @@ struct MultipeerDataTests {
                 }
                 return (received, reads)
             }
+            #expect(try await writing > 10)
             #expect(received.count == sent.count)
             #expect(Self.sha256(received) == Self.sha256(sent))
             #expect(reads >= sent.count / 50_000)

@@ -132,8 +132,8 @@ extension MultipeerSession {
             return
         }
         let job = ResourceJob(peer: peer.fingerprint)
-        guard track(job) else {
-            stream.reset(reason: "\(myPeerID.displayName) does not have \(peer.displayName) in its session")
+        guard track(job, requiringConnected: false) else {
+            stream.reset(reason: "\(myPeerID.displayName) left the session")
             return
         }
         let directory = resourceDirectory

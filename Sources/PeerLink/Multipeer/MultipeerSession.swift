@@ -222,10 +222,13 @@ public final class MultipeerSession: Sendable {
     }
 
     /// Keeps `job` until ``forget(_:)``, so that leaving the session (or the peer leaving)
-    /// cancels it; false (and the job cancelled) when the peer is not connected any more.
-    func track(_ job: ResourceJob) -> Bool {
+    /// cancels it; false (and the job cancelled) when the session was left, or when
+    /// `requiringConnected` and the peer is not connected any more. (A file arriving needs no
+    /// check: its stream may be handed over before the event saying the peer is connected.)
+    func track(_ job: ResourceJob, requiringConnected: Bool = true) -> Bool {
         let tracked = state.withLock { state -> Bool in
-            guard state.peers[job.peer]?.state == .connected else { return false }
+            guard state.generation != nil else { return false }
+            guard !requiringConnected || state.peers[job.peer]?.state == .connected else { return false }
             state.resources[ObjectIdentifier(job)] = job
             return true
         }
