@@ -407,8 +407,8 @@ private final class IncomingPipe: @unchecked Sendable {
                 let chunk = try await stream.read()
                 locked {
                     if let chunk {
-                        if head > 0, pending == 0 {
-                            buffer.removeAll(keepingCapacity: true)
+                        if head > 0, pending == 0 || head >= PipeBounds.capacity {
+                            buffer.removeFirst(head)
                             head = 0
                         }
                         buffer.append(contentsOf: chunk)
