@@ -8,11 +8,16 @@ import PeerLinkSession
 /// ```swift
 /// let output = try session.startStream(withName: "audio", toPeer: bob)
 /// output.open()
-/// Thread {                                   // a thread of its own: writes block
-///     while let chunk = nextChunk() {
-///         guard chunk.withUnsafeBytes({ output.write($0.baseAddress!, maxLength: $0.count) }) > 0 else { break }
+/// Thread {                                          // a thread of its own: writes block
+///     while let chunk = nextChunk() {                // [UInt8], from the app
+///         var rest = chunk[...]
+///         while !rest.isEmpty {
+///             let written = rest.withUnsafeBufferPointer { output.write($0.baseAddress!, maxLength: $0.count) }
+///             guard written > 0 else { return }      // output.streamError says why
+///             rest = rest.dropFirst(written)
+///         }
 ///     }
-///     output.close()                          // FIN once every byte is out
+///     output.close()                                 // FIN once every byte is out
 /// }.start()
 /// ```
 ///
