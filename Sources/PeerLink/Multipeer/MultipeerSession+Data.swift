@@ -50,10 +50,13 @@ extension MultipeerSession {
         progress.cancellationHandler = { job.cancel(reason: "the sender cancelled") }
         guard track(job) else { throw PeerLinkError(.notConnected, "\(peerID) is not connected: send the resource once it is") }
         let once = OnceFlag()
-        let finish: @Sendable ((any Error)?) -> Void = { [self] error in
-            forget(job)
+        // The transfer holds the session weakly: releasing it cancels the transfer (deinit).
+        let owner = WeakSession(self)
+        let queue = delegateQueue
+        let finish: @Sendable ((any Error)?) -> Void = { error in
+            owner.session?.forget(job)
             guard once.claim(), let completionHandler else { return }
-            delegateQueue.async { completionHandler(error) }
+            queue.async { completionHandler(error) }
         }
         let to = peerID.peerID
         let logger = logger
@@ -138,8 +141,11 @@ extension MultipeerSession {
         }
         let directory = resourceDirectory
         let logger = logger
+        let queue = delegateQueue
+        // The transfer holds the session weakly: releasing it cancels the transfer (deinit).
+        let owner = WeakSession(self)
         Task {
-            defer { forget(job) }
+            defer { owner.session?.forget(job) }
             let incoming: IncomingFile
             do throws(TransferFailure) {
                 try Self.makeResourceDirectory(directory)
@@ -158,15 +164,17 @@ extension MultipeerSession {
             progress.isCancellable = true
             progress.isPausable = false
             progress.cancellationHandler = { job.cancel(reason: "the receiver cancelled") }
-            deliver { $0.session(self, didStartReceivingResourceWithName: name, fromPeer: peer, with: progress) }
+            if let session = owner.session {
+                session.deliver { $0.session(session, didStartReceivingResourceWithName: name, fromPeer: peer, with: progress) }
+            }
             await Self.follow(transfer, with: progress)
             let result = await transfer.result()
             let error = job.error(for: result)
             let path: String? = if case .success(.received(let path)) = result { path } else { nil }
-            delegateQueue.async {
-                if let delegate = self.delegate {
+            queue.async {
+                if let session = owner.session, let delegate = session.delegate {
                     delegate.session(
-                        self, didFinishReceivingResourceWithName: name, fromPeer: peer,
+                        session, didFinishReceivingResourceWithName: name, fromPeer: peer,
                         at: path.map { URL(fileURLWithPath: $0) }, withError: error)
                 }
                 // As in MultipeerConnectivity: the app moved the file out, or it goes.
