@@ -137,26 +137,21 @@ public final class TCPConnection: Sendable {
     ///   on this side (`EBADF`, also for a read that was waiting), `CancellationError` when the
     ///   task is cancelled.
     public func read(maxCount: Int = 65536) async throws -> [UInt8] {
-        let descriptor = self.descriptor
         let count = max(1, maxCount)
-        return try await runBlockingCancellable("peerlink-read") { flag throws -> [UInt8] in
-            var bytes = [UInt8](repeating: 0, count: count)
-            while true {
-                let received = try bytes.withUnsafeMutableBytes { buffer throws(SystemError) -> Int? in
-                    try descriptor.withFD("recv") { fd throws(SystemError) -> Int? in
-                        if let received = try Sys.receive(fd, buffer) { return received }
-                        _ = try Sys.poll(fd, events: Int16(POLLIN), timeoutMilliseconds: pollSlice)
-                        return nil
-                    }
-                }
-                if let received {
-                    // A shutdown by close() on this side reads as the end of the stream.
-                    if received == 0, descriptor.isClosed { throw SystemError("recv", errno: EBADF) }
-                    // A short read is copied, so the caller does not hold on to the whole buffer.
-                    return received == count ? bytes : Array(bytes[..<received])
-                }
-                try flag.check()
+        var bytes = [UInt8](repeating: 0, count: count)
+        while true {
+            try Task.checkCancellation()
+            let fd = try descriptor.acquire("recv")
+            defer { descriptor.release() }
+            let received = try bytes.withUnsafeMutableBytes { buffer throws(SystemError) -> Int? in try Sys.receive(fd, buffer) }
+            if let received {
+                // A shutdown by close() on this side reads as the end of the stream.
+                if received == 0, descriptor.isClosed { throw SystemError("recv", errno: EBADF) }
+                // A short read is copied, so the caller does not hold on to the whole buffer.
+                return received == count ? bytes : Array(bytes[..<received])
             }
+            // Nothing yet: park on the I/O thread until the socket is readable (or shut down).
+            try await Readiness.shared.wait(for: fd, events: Int16(POLLIN))
         }
     }
 
@@ -166,24 +161,19 @@ public final class TCPConnection: Sendable {
     ///   `SIGPIPE`) or the connection was closed on this side, `CancellationError` when the
     ///   task is cancelled: then part of `bytes` may have been sent, so close the connection.
     public func write(_ bytes: [UInt8]) async throws {
-        guard !bytes.isEmpty else { return }
-        let descriptor = self.descriptor
-        try await runBlockingCancellable("peerlink-write") { flag throws in
-            var offset = 0
-            while offset < bytes.count {
-                let sent = try bytes.withUnsafeBytes { all throws(SystemError) -> Int? in
-                    let buffer = UnsafeRawBufferPointer(rebasing: all[offset...])
-                    return try descriptor.withFD("send") { fd throws(SystemError) -> Int? in
-                        if let sent = try Sys.send(fd, buffer) { return sent }
-                        _ = try Sys.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: pollSlice)
-                        return nil
-                    }
-                }
-                if let sent {
-                    offset += sent
-                } else {
-                    try flag.check()
-                }
+        var offset = 0
+        while offset < bytes.count {
+            try Task.checkCancellation()
+            let fd = try descriptor.acquire("send")
+            defer { descriptor.release() }
+            let sent = try bytes.withUnsafeBytes { all throws(SystemError) -> Int? in
+                try Sys.send(fd, UnsafeRawBufferPointer(rebasing: all[offset...]))
+            }
+            if let sent {
+                offset += sent
+            } else {
+                // The socket buffer is full: park until it drains (or the socket is shut down).
+                try await Readiness.shared.wait(for: fd, events: Int16(POLLOUT))
             }
         }
     }
@@ -308,6 +298,29 @@ final class Descriptor: @unchecked Sendable {
             if last { Sys.close(fd) }
         }
         return try body(fd)
+    }
+
+    /// Holds the descriptor open until the matching ``release()``, for a call that waits in
+    /// between (an `await`); ``withFD(_:_:)`` is the same for a synchronous body.
+    ///
+    /// - Throws: a ``SystemError`` with `EBADF` naming `call` once ``close()`` was called.
+    func acquire(_ call: String) throws(SystemError) -> Int32 {
+        let open = lock.withLock { () -> Bool in
+            guard !closed else { return false }
+            users += 1
+            return true
+        }
+        guard open else { throw SystemError(call, errno: EBADF) }
+        return fd
+    }
+
+    /// Ends an ``acquire(_:)``; the last user after ``close()`` closes the descriptor.
+    func release() {
+        let last = lock.withLock { () -> Bool in
+            users -= 1
+            return closed && users == 0
+        }
+        if last { Sys.close(fd) }
     }
 
     func close() {
