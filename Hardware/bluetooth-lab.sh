@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# bluetooth-lab.sh — builds the tests and runs the Bluetooth suites inside the Bluetooth VM lab.
+#
+# usage: Hardware/bluetooth-lab.sh [--skip-build] [--console] [--filter REGEX] [-- TEST ARGS...]
+#
+# The lab is a throw-away QEMU VM (Hardware/btvm, see its README) booting this machine's Debian
+# kernel with the Bluetooth modules, two virtual BR/EDR controllers that see each other (hci0
+# 00:AA:01:00:00:00 and hci1 00:AA:01:01:00:01, both up and connectable) and bluetoothd. The guest
+# sees this machine's files read-only at the same paths, so it runs the test binary built here:
+#
+#   .build/debug/PeerLinkPackageTests.xctest --testing-library swift-testing --filter Bluetooth
+#
+# with PEERLINK_BLUETOOTH_LAB=1 in its environment: the Bluetooth suites run only when that is set
+# and the kernel has AF_BLUETOOTH, and are skipped with the reason otherwise (as in a plain
+# `swift test` on a machine without Bluetooth).
+#
+#   --skip-build     do not run `swift build --build-tests` first (use the binary as it is)
+#   --console        print the guest's serial console afterwards (for VM trouble)
+#   --filter REGEX   the swift-testing filter (default: Bluetooth — every suite whose name has it)
+#   -- ARGS...       more arguments for the test binary
+#
+# Environment: PEERLINK_SCRATCH_PATH (build directory, default .build), PEERLINK_LAB_TIMEOUT (hard
+# limit for the VM in seconds, default 900), BTVM_ACCEL=auto|tcg|kvm (see Hardware/btvm/README.md).
+# Exit status: that of the test binary in the VM; 124 the VM timed out; 125 the VM could not
+# start; 77 the lab cannot run on this machine (not x86-64, or its packages are missing: run
+# `Hardware/setup.sh --tests`); 2 bad arguments.
+set -euo pipefail
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+cd "$ROOT"
+
+say() { echo "bluetooth lab: $*"; }
+
+BUILD=1
+CONSOLE=()
+FILTER=Bluetooth
+EXTRA=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --skip-build) BUILD=0; shift ;;
+        --console) CONSOLE=(--console); shift ;;
+        --filter)
+            [ $# -ge 2 ] || { say "--filter needs a regular expression"; exit 2; }
+            FILTER=$2; shift 2 ;;
+        --) shift; EXTRA=("$@"); break ;;
+        -h | --help) usage; exit 0 ;;
+        *) say "unknown argument: $1 (see --help)"; usage >&2; exit 2 ;;
+    esac
+done
+
+if ! command -v swift >/dev/null 2>&1 && [ -x /opt/swift/usr/bin/swift ]; then
+    export PATH=/opt/swift/usr/bin:$PATH
+fi
+
+# What the VM needs; the lab says what is missing instead of failing inside the VM.
+cannot_run() { say "cannot run here: $*"; exit 77; }
+[ "$(uname -m)" = x86_64 ] || cannot_run "the VM lab needs an x86-64 machine (this is $(uname -m))"
+for tool in qemu-system-x86_64 btvirt bluetoothd dbus-daemon cpio; do
+    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || [ -x "/usr/libexec/bluetooth/$tool" ] \
+        || cannot_run "$tool is missing: run Hardware/setup.sh --tests (it installs the lab's packages)"
+done
+[ -x /bin/busybox ] || [ -x /usr/bin/busybox ] \
+    || cannot_run "busybox is missing: run Hardware/setup.sh --tests (it installs busybox-static)"
+compgen -G "/boot/vmlinuz-*" >/dev/null \
+    || cannot_run "no kernel in /boot: run Hardware/setup.sh --tests (it installs linux-image-amd64)"
+
+SCRATCH=${PEERLINK_SCRATCH_PATH:-.build}
+scratch=()
+[ -n "${PEERLINK_SCRATCH_PATH:-}" ] && scratch=(--scratch-path "$PEERLINK_SCRATCH_PATH")
+if [ "$BUILD" = 1 ]; then
+    say "building the tests (swift build --build-tests ${scratch[*]})"
+    swift build --build-tests "${scratch[@]}"
+fi
+BIN=$(cd "$SCRATCH" && pwd)/debug/PeerLinkPackageTests.xctest
+[ -x "$BIN" ] || { say "no test binary at $BIN: build it with swift build --build-tests (or drop --skip-build)"; exit 2; }
+
+# The command run in the guest (by sh -c, in this directory): the lab's environment, then the
+# test binary. Arguments are quoted for that shell.
+guest_cmd="export PEERLINK_BLUETOOTH_LAB=1 PEERLINK_BIN_DIR=$(printf %q "$(dirname "$BIN")");"
+guest_cmd+=" echo \"bluetooth lab: kernel \$(uname -r), hci0 \$BTVM_HCI0_ADDR, hci1 \$BTVM_HCI1_ADDR\";"
+guest_cmd+=" exec $(printf %q "$BIN") --testing-library swift-testing --filter $(printf %q "$FILTER")"
+for arg in "${EXTRA[@]}"; do guest_cmd+=" $(printf %q "$arg")"; done
+
+say "running the Bluetooth suites in the VM (filter: $FILTER)"
+rc=0
+BTVM_TIME=1 "$HERE/btvm/run.sh" --bluetoothd --timeout "${PEERLINK_LAB_TIMEOUT:-900}" "${CONSOLE[@]}" -- "$guest_cmd" || rc=$?
+case "$rc" in
+    0) say "passed" ;;
+    124) say "the VM ran out of time (${PEERLINK_LAB_TIMEOUT:-900} s): a test hangs; rerun with --console" ;;
+    125) say "the VM did not start: rerun with --console, or see Hardware/btvm/README.md" ;;
+    *) say "failed (exit $rc)" ;;
+esac
+exit "$rc"
