@@ -36,12 +36,17 @@ public final class LANPeer: Sendable {
     ///   - advertising: whether to publish the peer (false: no advertisement, `info` unused).
     ///   - liveness: how fast the browser notices a vanished peer.
     ///   - listenHost: the numeric address to listen on (nil: every interface).
+    ///   - transports: more transports for the session, after TCP (such as a
+    ///     ``BluetoothTransport``), so it dials their endpoints too.
+    ///   - listeners: more listeners the session accepts on (such as RFCOMM and L2CAP ones);
+    ///     ``run()`` closes them at the end, like the TCP one.
     ///   - logger: where the listener, advertiser, browser and session log.
     /// - Throws: a ``PeerLinkCore/PeerLinkError``: `invalidParameter` for a configuration out of
     ///   range, `unavailable` when avahi-daemon is not running (advertising) or no port can be had.
     public init(
         configuration: PeerSessionConfiguration, info: DiscoveryInfo = try! DiscoveryInfo(), advertising: Bool = true,
         liveness: LivenessPolicy = LivenessPolicy(), listenHost: String? = nil,
+        transports: [any Transport] = [], listeners: [any TransportListener] = [],
         logger: Logger = Logger(label: "peerlink")
     ) throws(PeerLinkError) {
         try configuration.validate()
@@ -64,7 +69,8 @@ public final class LANPeer: Sendable {
             serviceType: configuration.serviceType, liveness: liveness, excluding: [configuration.identity.fingerprint],
             logger: logger)
         session = PeerSession(
-            configuration: configuration, transport: TCPTransport(), listener: listener, logger: logger)
+            configuration: configuration, transports: [TCPTransport()] + transports, listeners: [listener] + listeners,
+            logger: logger)
     }
 
     /// Runs the session and feeds it what the browser finds, until the task is cancelled or the
@@ -94,6 +100,6 @@ public final class LANPeer: Sendable {
             }
         }
         advertiser?.stop()
-        listener.close()
+        for listener in session.listeners { listener.close() }
     }
 }

@@ -19,9 +19,9 @@ public struct SystemError: Error, Hashable, Sendable, CustomStringConvertible {
 
 /// Every system call of this target goes through one of these wrappers: `EINTR` is retried
 /// here and nowhere else; other failures become a ``SystemError`` naming the call.
-enum Sys {
+package enum Sys {
     @inline(__always)
-    static func retrying<T: BinaryInteger>(_ call: String, _ body: () -> T) throws(SystemError) -> T {
+    package static func retrying<T: BinaryInteger>(_ call: String, _ body: () -> T) throws(SystemError) -> T {
         while true {
             let result = body()
             if result >= 0 { return result }
@@ -31,47 +31,47 @@ enum Sys {
         }
     }
 
-    static func socket(_ domain: Int32, _ type: Int32, _ proto: Int32) throws(SystemError) -> Int32 {
+    package static func socket(_ domain: Int32, _ type: Int32, _ proto: Int32) throws(SystemError) -> Int32 {
         try retrying("socket") { Glibc.socket(domain, type | Int32(SOCK_CLOEXEC.rawValue), proto) }
     }
 
-    static func close(_ fd: Int32) {
+    package static func close(_ fd: Int32) {
         // Retrying close after EINTR is wrong on Linux (the descriptor is gone either way).
         _ = Glibc.close(fd)
     }
 
-    static func shutdown(_ fd: Int32, _ how: Int32) {
+    package static func shutdown(_ fd: Int32, _ how: Int32) {
         _ = Glibc.shutdown(fd, how)
     }
 
-    static func setOption(_ fd: Int32, _ level: Int32, _ name: Int32, _ value: Int32) throws(SystemError) {
+    package static func setOption(_ fd: Int32, _ level: Int32, _ name: Int32, _ value: Int32) throws(SystemError) {
         var value = value
         _ = try retrying("setsockopt") { setsockopt(fd, level, name, &value, socklen_t(MemoryLayout<Int32>.size)) }
     }
 
-    static func getOption(_ fd: Int32, _ level: Int32, _ name: Int32) throws(SystemError) -> Int32 {
+    package static func getOption(_ fd: Int32, _ level: Int32, _ name: Int32) throws(SystemError) -> Int32 {
         var value: Int32 = 0
         var length = socklen_t(MemoryLayout<Int32>.size)
         _ = try retrying("getsockopt") { getsockopt(fd, level, name, &value, &length) }
         return value
     }
 
-    static func bind(_ fd: Int32, _ address: UnsafePointer<sockaddr>, _ length: socklen_t) throws(SystemError) {
+    package static func bind(_ fd: Int32, _ address: UnsafePointer<sockaddr>, _ length: socklen_t) throws(SystemError) {
         _ = try retrying("bind") { Glibc.bind(fd, address, length) }
     }
 
-    static func listen(_ fd: Int32, _ backlog: Int32) throws(SystemError) {
+    package static func listen(_ fd: Int32, _ backlog: Int32) throws(SystemError) {
         _ = try retrying("listen") { Glibc.listen(fd, backlog) }
     }
 
-    static func accept(_ fd: Int32) throws(SystemError) -> Int32 {
+    package static func accept(_ fd: Int32) throws(SystemError) -> Int32 {
         let accepted = try retrying("accept") { Glibc.accept(fd, nil, nil) }
         _ = fcntl(accepted, F_SETFD, FD_CLOEXEC)
         return accepted
     }
 
     /// Starts a connect on a non-blocking socket: true when it completed at once, false when in progress.
-    static func connectNonBlocking(_ fd: Int32, _ address: UnsafePointer<sockaddr>, _ length: socklen_t) throws(SystemError) -> Bool {
+    package static func connectNonBlocking(_ fd: Int32, _ address: UnsafePointer<sockaddr>, _ length: socklen_t) throws(SystemError) -> Bool {
         while true {
             if Glibc.connect(fd, address, length) == 0 { return true }
             let code = Glibc.errno
@@ -82,53 +82,53 @@ enum Sys {
     }
 
     /// Waits for `events` on one descriptor; returns the revents, or 0 on timeout.
-    static func poll(_ fd: Int32, events: Int16, timeoutMilliseconds: Int32) throws(SystemError) -> Int16 {
+    package static func poll(_ fd: Int32, events: Int16, timeoutMilliseconds: Int32) throws(SystemError) -> Int16 {
         var entry = pollfd(fd: fd, events: events, revents: 0)
         let count = try retrying("poll") { Glibc.poll(&entry, 1, timeoutMilliseconds) }
         return count == 0 ? 0 : entry.revents
     }
 
-    static func getsockname(_ fd: Int32, _ address: UnsafeMutablePointer<sockaddr>, _ length: UnsafeMutablePointer<socklen_t>) throws(SystemError) {
+    package static func getsockname(_ fd: Int32, _ address: UnsafeMutablePointer<sockaddr>, _ length: UnsafeMutablePointer<socklen_t>) throws(SystemError) {
         _ = try retrying("getsockname") { Glibc.getsockname(fd, address, length) }
     }
 
-    static func setNonBlocking(_ fd: Int32, _ on: Bool) throws(SystemError) {
+    package static func setNonBlocking(_ fd: Int32, _ on: Bool) throws(SystemError) {
         let flags = try retrying("fcntl") { fcntl(fd, F_GETFL) }
         _ = try retrying("fcntl") { fcntl(fd, F_SETFL, on ? flags | O_NONBLOCK : flags & ~O_NONBLOCK) }
     }
 
-    static func getifaddrs() throws(SystemError) -> UnsafeMutablePointer<ifaddrs>? {
+    package static func getifaddrs() throws(SystemError) -> UnsafeMutablePointer<ifaddrs>? {
         var list: UnsafeMutablePointer<ifaddrs>?
         _ = try retrying("getifaddrs") { Glibc.getifaddrs(&list) }
         return list
     }
 
-    static func freeifaddrs(_ list: UnsafeMutablePointer<ifaddrs>?) {
+    package static func freeifaddrs(_ list: UnsafeMutablePointer<ifaddrs>?) {
         Glibc.freeifaddrs(list)
     }
 
-    static func fileStatus(_ path: String) throws(SystemError) -> Glibc.stat {
+    package static func fileStatus(_ path: String) throws(SystemError) -> Glibc.stat {
         var info = Glibc.stat()
         _ = try retrying("stat") { stat(path, &info) }
         return info
     }
 
-    static func open(_ path: String, _ flags: Int32, _ mode: mode_t) throws(SystemError) -> Int32 {
+    package static func open(_ path: String, _ flags: Int32, _ mode: mode_t) throws(SystemError) -> Int32 {
         try retrying("open") { Glibc.open(path, flags | O_CLOEXEC, mode) }
     }
 
-    static func write(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(SystemError) -> Int {
+    package static func write(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(SystemError) -> Int {
         try retrying("write") { Glibc.write(fd, buffer.baseAddress, buffer.count) }
     }
 
-    static func read(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) throws(SystemError) -> Int {
+    package static func read(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) throws(SystemError) -> Int {
         try retrying("read") { Glibc.read(fd, buffer.baseAddress, buffer.count) }
     }
 
     /// Sends on a connected socket without blocking, with `MSG_NOSIGNAL`: a peer that is gone
     /// is `EPIPE`, never a `SIGPIPE` that kills the process. Returns how many bytes the kernel
     /// took, or nil when its buffer is full (would block).
-    static func send(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(SystemError) -> Int? {
+    package static func send(_ fd: Int32, _ buffer: UnsafeRawBufferPointer) throws(SystemError) -> Int? {
         try wouldBlockAsNil { () throws(SystemError) -> Int in
             try retrying("send") { Glibc.send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)) }
         }
@@ -136,7 +136,7 @@ enum Sys {
 
     /// Receives from a connected socket without blocking: the byte count (0 at the end of the
     /// stream), or nil when nothing is there yet (would block).
-    static func receive(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) throws(SystemError) -> Int? {
+    package static func receive(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) throws(SystemError) -> Int? {
         try wouldBlockAsNil { () throws(SystemError) -> Int in
             try retrying("recv") { Glibc.recv(fd, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT)) }
         }
@@ -144,7 +144,7 @@ enum Sys {
 
     /// `EAGAIN` / `EWOULDBLOCK` as nil; every other failure is thrown.
     @inline(__always)
-    static func wouldBlockAsNil<T>(_ body: () throws(SystemError) -> T) throws(SystemError) -> T? {
+    package static func wouldBlockAsNil<T>(_ body: () throws(SystemError) -> T) throws(SystemError) -> T? {
         do throws(SystemError) {
             return try body()
         } catch where error.errno == EAGAIN || error.errno == EWOULDBLOCK {
@@ -153,31 +153,31 @@ enum Sys {
     }
 
     /// Turns Nagle's algorithm off, so small records (pings, acks) leave at once.
-    static func setNoDelay(_ fd: Int32) throws(SystemError) {
+    package static func setNoDelay(_ fd: Int32) throws(SystemError) {
         try setOption(fd, Int32(IPPROTO_TCP), TCP_NODELAY, 1)
     }
 
-    static func getpeername(_ fd: Int32, _ address: UnsafeMutablePointer<sockaddr>, _ length: UnsafeMutablePointer<socklen_t>) throws(SystemError) {
+    package static func getpeername(_ fd: Int32, _ address: UnsafeMutablePointer<sockaddr>, _ length: UnsafeMutablePointer<socklen_t>) throws(SystemError) {
         _ = try retrying("getpeername") { Glibc.getpeername(fd, address, length) }
     }
 
-    static func fsync(_ fd: Int32) throws(SystemError) {
+    package static func fsync(_ fd: Int32) throws(SystemError) {
         _ = try retrying("fsync") { Glibc.fsync(fd) }
     }
 
-    static func rename(_ from: String, _ to: String) throws(SystemError) {
+    package static func rename(_ from: String, _ to: String) throws(SystemError) {
         _ = try retrying("rename") { Glibc.rename(from, to) }
     }
 
-    static func mkdir(_ path: String, _ mode: mode_t) throws(SystemError) {
+    package static func mkdir(_ path: String, _ mode: mode_t) throws(SystemError) {
         _ = try retrying("mkdir") { Glibc.mkdir(path, mode) }
     }
 
-    static func unlink(_ path: String) {
+    package static func unlink(_ path: String) {
         _ = Glibc.unlink(path)
     }
 
-    static func gethostname() -> String {
+    package static func gethostname() -> String {
         var buffer = [CChar](repeating: 0, count: 256)
         guard Glibc.gethostname(&buffer, buffer.count - 1) == 0 else { return "localhost" }
         return String(decoding: buffer.prefix(while: { $0 != 0 }).map(UInt8.init(bitPattern:)), as: UTF8.self)

@@ -87,7 +87,7 @@ public final class TCPListener: Sendable {
 }
 
 /// How long a blocking call waits before it looks for cancellation again, in milliseconds.
-let pollSlice: Int32 = 100
+package let pollSlice: Int32 = 100
 
 /// A connected TCP socket (`TCP_NODELAY` on).
 ///
@@ -238,20 +238,20 @@ public enum TCPProbe {
 
 /// Set when the task waiting for a blocking call is cancelled; the call looks at it between
 /// slices of waiting.
-final class CancellationFlag: Sendable {
+package final class CancellationFlag: Sendable {
     private let state = Mutex(false)
 
-    func cancel() { state.withLock { $0 = true } }
+    package func cancel() { state.withLock { $0 = true } }
 
-    var isCancelled: Bool { state.withLock { $0 } }
+    package var isCancelled: Bool { state.withLock { $0 } }
 
-    func check() throws(CancellationError) {
+    package func check() throws(CancellationError) {
         if isCancelled { throw CancellationError() }
     }
 }
 
 /// ``runBlocking(_:_:)`` for a call that waits in slices and gives up when the task is cancelled.
-func runBlockingCancellable<T: Sendable>(
+package func runBlockingCancellable<T: Sendable>(
     _ name: String, _ body: @escaping @Sendable (CancellationFlag) throws -> T
 ) async throws -> T {
     let flag = CancellationFlag()
@@ -268,22 +268,22 @@ func runBlockingCancellable<T: Sendable>(
 /// `recv` or `send`) returns; the descriptor itself is closed when the last call using it (through
 /// ``withFD(_:_:)``) is done, so its number cannot be reused by another socket while a thread
 /// still holds it. deinit closes it if nobody did.
-final class Descriptor: @unchecked Sendable {
-    let fd: Int32
+package final class Descriptor: @unchecked Sendable {
+    package let fd: Int32
     private let lock = NSLock()
     private var closed = false
     private var users = 0
 
-    init(_ fd: Int32) {
+    package init(_ fd: Int32) {
         self.fd = fd
     }
 
-    var isClosed: Bool { lock.withLock { closed } }
+    package var isClosed: Bool { lock.withLock { closed } }
 
     /// Runs `body` with the descriptor, which stays open until `body` returns.
     ///
     /// - Throws: a ``SystemError`` with `EBADF` naming `call` once ``close()`` was called.
-    func withFD<R>(_ call: String, _ body: (Int32) throws(SystemError) -> R) throws(SystemError) -> R {
+    package func withFD<R>(_ call: String, _ body: (Int32) throws(SystemError) -> R) throws(SystemError) -> R {
         let open = lock.withLock { () -> Bool in
             guard !closed else { return false }
             users += 1
@@ -304,7 +304,7 @@ final class Descriptor: @unchecked Sendable {
     /// between (an `await`); ``withFD(_:_:)`` is the same for a synchronous body.
     ///
     /// - Throws: a ``SystemError`` with `EBADF` naming `call` once ``close()`` was called.
-    func acquire(_ call: String) throws(SystemError) -> Int32 {
+    package func acquire(_ call: String) throws(SystemError) -> Int32 {
         let open = lock.withLock { () -> Bool in
             guard !closed else { return false }
             users += 1
@@ -315,7 +315,7 @@ final class Descriptor: @unchecked Sendable {
     }
 
     /// Ends an ``acquire(_:)``; the last user after ``close()`` closes the descriptor.
-    func release() {
+    package func release() {
         let last = lock.withLock { () -> Bool in
             users -= 1
             return closed && users == 0
@@ -323,7 +323,7 @@ final class Descriptor: @unchecked Sendable {
         if last { Sys.close(fd) }
     }
 
-    func close() {
+    package func close() {
         let (wasOpen, unused) = lock.withLock { () -> (Bool, Bool) in
             defer { closed = true }
             return (!closed, users == 0)

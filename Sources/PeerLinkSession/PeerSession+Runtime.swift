@@ -31,10 +31,10 @@ extension PeerSession {
                 [
                     "session.automatic": "\(configuration.policy.automatic)",
                     "session.encryption": "\(configuration.encryption)",
-                    "session.listening": "\(listener?.localEndpoints.map(\.description).joined(separator: ", ") ?? "no")",
+                    "session.listening": "\(listeners.isEmpty ? "no" : listeners.flatMap(\.localEndpoints).map(\.description).joined(separator: ", "))",
                 ], uniquingKeysWith: { $1 }))
         await withDiscardingTaskGroup { group in
-            if let listener {
+            for listener in listeners {
                 group.addTask { await self.acceptLoop(listener) }
             }
             group.addTask { await self.timerLoop() }
@@ -294,7 +294,7 @@ extension PeerSession {
             let dialled: (any LinkChannel)?
             do {
                 dialled = try await unlessStopped {
-                    try await self.transport.dial(endpoint, timeout: self.configuration.dialTimeout)
+                    try await self.dialChannel(endpoint)
                 } discard: {
                     $0.close()
                 }
@@ -321,6 +321,77 @@ extension PeerSession {
         dialFailed(peer, reason: reason, report: "could not reach \(peer): \(reason)")
     }
 
+    /// Dials `endpoint` with the first transport that handles its kind (the others answer
+    /// `unsupported`).
+    private func dialChannel(_ endpoint: Endpoint) async throws -> any LinkChannel {
+        for transport in transports {
+            do {
+                return try await transport.dial(endpoint, timeout: configuration.dialTimeout)
+            } catch let error as PeerLinkError where error.code == .unsupported && transports.count > 1 {
+                continue
+            }
+        }
+        throw PeerLinkError(
+            .unsupported,
+            "no transport of this session dials \(endpoint) (it has \(transports.map(\.name).joined(separator: ", ")))")
+    }
+
+    /// Whether ``run()`` is running and the session takes work (not yet stopping).
+    public var isRunning: Bool { core.withLock { $0.phase == .running } }
+
+    /// Connects to the peer at `endpoint`, whoever it is: dials it, learns its identity from
+    /// the handshake, and invites it (with `context`, answered within `timeout`) unless it is
+    /// connected or invited already. Returns the peer; follow its state through ``events``.
+    ///
+    /// This is how a peer is reached that no discovery reported, such as
+    /// `bt://00:AA:01:00:00:00/l2cap/0x1001` typed by the user. The endpoint is remembered for
+    /// the peer, as if discovery had reported it.
+    ///
+    /// - Throws: a ``PeerLinkCore/PeerLinkError``: the dial's or the handshake's failure
+    ///   (`unavailable`, `timedOut`, `unsupported` for an endpoint no transport dials, …),
+    ///   `notConnected` when the session is not running, or the invitation's failure.
+    public func connect(to endpoint: Endpoint, context: [UInt8] = [], timeout: Duration = .seconds(30)) async throws -> PeerID {
+        guard core.withLock({ $0.phase == .running }) else {
+            throw PeerLinkError(.notConnected, "the session is not running: call run() first")
+        }
+        let channel = try await dialChannel(endpoint)
+        // The Noise initiator, like a dial; the state machine sees the link as incoming until
+        // the peer is known, which the invitation below then uses.
+        guard case (let id, let link)? = register(channel, dialed: nil, role: .dialer) else {
+            channel.close()
+            throw PeerLinkError(.notConnected, "the session stopped while \(endpoint) was dialled")
+        }
+        guard spawn({ await self.drive(link, id: id) }) else {
+            link.close(code: .normal, reason: "\(localPeer.displayName) stopped its session")
+            unregister(id)
+            throw PeerLinkError(.notConnected, "the session stopped while \(endpoint) was dialled")
+        }
+        let established = try await link.established
+        let peer = established.remote
+        // drive() admits the link to the state machine right after the handshake; wait for it,
+        // so the invitation goes over this link instead of dialling a second one.
+        while true {
+            let (admitted, gone) = core.withLock { core in
+                (core.links[id]?.established != nil, core.links[id] == nil || core.links[id]?.ended == true)
+            }
+            if admitted { break }
+            if gone {
+                throw PeerLinkError(.notConnected, "the link to \(endpoint) ended right after its handshake (refused, or the session stopped)")
+            }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        discovered(.found(DiscoveredPeer(id: peer, protocolVersion: Int(established.version), endpoints: [endpoint], info: try! DiscoveryInfo())))
+        let state = await state(of: peer)
+        if state == .notConnected {
+            do {
+                _ = try await invite(peer, context: context, timeout: timeout)
+            } catch let error as PeerLinkError where error.code == .invalidParameter {
+                // automatic mode invited it as it was found, or it joined meanwhile
+            }
+        }
+        return peer
+    }
+
     /// Tells the state machine a dial failed, and the app why.
     private func dialFailed(_ peer: PeerID, reason: String, report: String) {
         let now = time.now()
@@ -335,14 +406,14 @@ extension PeerSession {
     // MARK: - Links
 
     /// Makes the link for `channel` and records it, while the session runs.
-    private func register(_ channel: any LinkChannel, dialed peer: PeerID?) -> (LinkID, Link)? {
+    private func register(_ channel: any LinkChannel, dialed peer: PeerID?, role: LinkStateMachine.Role? = nil) -> (LinkID, Link)? {
         core.withLock { core -> (LinkID, Link)? in
             guard core.phase == .running else { return nil }
             let id = core.makeLinkID()
             var logger = self.logger
             logger[metadataKey: "link.id"] = "\(id.rawValue)"
             let link = Link(
-                channel: channel, role: peer == nil ? .listener : .dialer, identity: configuration.identity,
+                channel: channel, role: role ?? (peer == nil ? .listener : .dialer), identity: configuration.identity,
                 preface: preface, hello: hello, policy: configuration.linkPolicy, expectedRemote: peer?.fingerprint,
                 clock: clock, logger: logger)
             core.links[id] = SessionCore.LinkEntry(link: link, dialed: peer)

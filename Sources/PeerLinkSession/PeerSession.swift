@@ -161,8 +161,14 @@ public enum PeerSessionEvent: Sendable, Hashable, CustomStringConvertible {
 /// - Logs (info and below) carry `peer.id`, `transport` and `link.id`.
 public final class PeerSession: Sendable {
     public let configuration: PeerSessionConfiguration
-    public let transport: any Transport
-    public let listener: (any TransportListener)?
+    /// The transports that dial, in order: an endpoint goes to the first that handles its kind.
+    public let transports: [any Transport]
+    /// Where peers reach this one: every listener is accepted on.
+    public let listeners: [any TransportListener]
+    /// The first transport (sessions made with one).
+    public var transport: any Transport { transports[0] }
+    /// The first listener, if any (sessions made with one).
+    public var listener: (any TransportListener)? { listeners.first }
     /// The local peer: the identity's fingerprint and the display name.
     public let localPeer: PeerID
     /// What happens in the session, for one consumer; it finishes when ``run()`` returns.
@@ -200,10 +206,29 @@ public final class PeerSession: Sendable {
     ///     owns it and closes it after ``run()`` returned.
     ///   - clock: the time source for every timeout (a `ManualClock` in tests).
     ///   - logger: where the session and its links log, at info and below.
-    public init(
+    public convenience init(
         configuration: PeerSessionConfiguration, transport: any Transport, listener: (any TransportListener)?,
         clock: any Clock<Duration> = ContinuousClock(), logger: Logger = Logger(label: "peerlink.session")
     ) {
+        self.init(
+            configuration: configuration, transports: [transport], listeners: listener.map { [$0] } ?? [], clock: clock,
+            logger: logger)
+    }
+
+    /// A session on several transports at once (TCP, RFCOMM, L2CAP): each endpoint is dialled
+    /// with the first of `transports` that handles its kind, and links are accepted on every one
+    /// of `listeners`.
+    ///
+    /// - Parameters:
+    ///   - transports: at least one; an endpoint no transport handles fails to dial with the
+    ///     reason.
+    ///   - listeners: where peers reach this one (none for a session that only dials). The
+    ///     caller owns them and closes them after ``run()`` returned.
+    public init(
+        configuration: PeerSessionConfiguration, transports: [any Transport], listeners: [any TransportListener],
+        clock: any Clock<Duration> = ContinuousClock(), logger: Logger = Logger(label: "peerlink.session")
+    ) {
+        precondition(!transports.isEmpty, "PeerSession: give at least one transport")
         let localPeer = configuration.localPeer
         let machine: SessionStateMachine
         do {
@@ -214,8 +239,8 @@ public final class PeerSession: Sendable {
             preconditionFailure("PeerSession: \(error.message) (check the configuration with validate() first)")
         }
         self.configuration = configuration
-        self.transport = transport
-        self.listener = listener
+        self.transports = transports
+        self.listeners = listeners
         self.localPeer = localPeer
         self.clock = clock
         self.time = LinkClock(clock)

@@ -56,6 +56,8 @@ struct Chat: AsyncParsableCommand {
 
     @OptionGroup var peer: PeerOptions
 
+    @OptionGroup var links: ChatLinkOptions
+
     func validate() throws {
         do {
             _ = try DisplayName(name)
@@ -94,7 +96,8 @@ struct Chat: AsyncParsableCommand {
         let serviceType = try ServiceType(service)
         let identityPath = peer.identity ?? IdentityStore.defaultPath()
         let knownPath = KnownPeersStore.defaultPath(identityPath: identityPath)
-        let node: LANPeer
+        let console = ChatConsole(interactive: interactive)
+        let node: ChatNode
         let known: SharedKnownPeers
         do {
             let identity = try peer.loadIdentity()
@@ -106,12 +109,11 @@ struct Chat: AsyncParsableCommand {
                 identity: identity, displayName: displayName, serviceType: serviceType,
                 encryption: Self.preference(encryption) ?? .required,
                 policy: SessionPolicy(automatic: invite == nil), admit: admit)
-            node = try LANPeer(configuration: configuration, logger: logger)
+            node = try ChatNode.make(configuration: configuration, links: links, console: console, logger: logger)
         } catch {
             throw fail(error)
         }
         let session = node.session
-        let console = ChatConsole(interactive: interactive)
         console.status("Chatting as \(displayName) (id \(session.localPeer.fingerprint.grouped)) on \(serviceType.dnsSDType)\(invite.map { ", inviting \($0)" } ?? ", joining every peer found"). /peers lists peers, /quit leaves.")
         if refuseUnknown {
             let count = known.withLock { $0.entries.count }
@@ -185,6 +187,10 @@ struct Chat: AsyncParsableCommand {
             group.addTask {
                 await ChatFiles.receive(session: session, receiver: receiver, console: console)
                 return nil
+            }
+            // --connect ENDPOINT: reach that peer, whoever it is.
+            if let endpoint = links.endpoint {
+                group.addTask { await ChatNode.connect(endpoint, session: session, console: console) }
             }
             // Input: lines to send, commands.
             group.addTask {

@@ -1,0 +1,231 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import PeerLinkCore
+import PeerLinkPosix
+
+/// A connected RFCOMM or L2CAP socket.
+///
+/// RFCOMM is a byte stream: ``read()`` returns what arrived, ``write(_:)`` sends it all.
+/// L2CAP (`SOCK_SEQPACKET`) keeps packet boundaries: each ``read()`` returns exactly one packet,
+/// and ``write(_:)`` splits its bytes into packets of at most ``outgoingMTU`` (the largest packet
+/// the peer accepts, negotiated when the channel was set up).
+///
+/// Reads and writes block on threads of their own, never on a thread of Swift concurrency's pool.
+/// At most one read and one write at a time. Failures are ``SystemError``s; ``BluetoothLinkChannel``
+/// turns them into ``PeerLinkError``s that say what to do.
+public final class BluetoothConnection: Sendable {
+    public let kind: BluetoothSocketKind
+    /// The adapter this end uses.
+    public let localAddress: BluetoothAddress
+    /// The device at the other end.
+    public let remoteAddress: BluetoothAddress
+    /// The channel / PSM of the link: the one dialled, or the one accepted on.
+    public let port: UInt16
+    /// L2CAP: the largest packet this side may send (the peer's incoming MTU); nil for RFCOMM.
+    public let outgoingMTU: Int?
+    /// L2CAP: the largest packet this side accepts; nil for RFCOMM.
+    public let incomingMTU: Int?
+    private let descriptor: Descriptor
+
+    /// Takes over a connected socket.
+    init(fd: Int32, kind: BluetoothSocketKind, port: UInt16) throws(SystemError) {
+        let local = try BTSocket.name(fd, kind, peer: false)
+        let remote = try BTSocket.name(fd, kind, peer: true)
+        self.kind = kind
+        self.localAddress = local.0
+        self.remoteAddress = remote.0
+        self.port = port
+        if kind == .l2cap {
+            let mtus = try BTSocket.mtus(fd)
+            outgoingMTU = mtus.outgoing
+            incomingMTU = mtus.incoming
+        } else {
+            outgoingMTU = nil
+            incomingMTU = nil
+        }
+        descriptor = Descriptor(fd)
+    }
+
+    /// `bt://ADDR/rfcomm/CHANNEL` or `bt://ADDR/l2cap/PSM` of the other end.
+    public var remoteEndpoint: Endpoint? { kind.endpoint(remoteAddress, port: port) }
+
+    /// Whether ``close()`` was called.
+    public var isClosed: Bool { descriptor.isClosed }
+
+    /// Shuts the link down both ways and closes it; a blocked read or write returns.
+    public func close() { descriptor.close() }
+
+    /// RFCOMM: the next bytes that arrived; L2CAP: the next packet. An empty array at the end.
+    ///
+    /// - Throws: a ``SystemError`` when the link failed or was closed on this side (`EBADF`),
+    ///   `CancellationError` when the task is cancelled.
+    public func read() async throws -> [UInt8] {
+        let descriptor = self.descriptor
+        // A packet is never larger than the incoming MTU (at most 65535): one read, one packet.
+        let count = incomingMTU.map { max($0, 1) } ?? 65536
+        return try await runBlockingCancellable("peerlink-bt-read") { flag throws -> [UInt8] in
+            var bytes = [UInt8](repeating: 0, count: count)
+            while true {
+                let received = try bytes.withUnsafeMutableBytes { buffer throws(SystemError) -> Int? in
+                    try descriptor.withFD("recv") { fd throws(SystemError) -> Int? in
+                        if let received = try Sys.receive(fd, buffer) { return received }
+                        _ = try Sys.poll(fd, events: Int16(POLLIN), timeoutMilliseconds: pollSlice)
+                        return nil
+                    }
+                }
+                if let received {
+                    if received == 0, descriptor.isClosed { throw SystemError("recv", errno: EBADF) }
+                    return received == count ? bytes : Array(bytes[..<received])
+                }
+                try flag.check()
+            }
+        }
+    }
+
+    /// Writes all of `bytes` (L2CAP: in packets of at most ``outgoingMTU``); returns once the
+    /// kernel took the last of them.
+    ///
+    /// - Throws: a ``SystemError`` when the link is gone (never a `SIGPIPE`) or was closed on
+    ///   this side, `CancellationError` when the task is cancelled (then close the link: part of
+    ///   `bytes` may have been sent).
+    public func write(_ bytes: [UInt8]) async throws {
+        guard !bytes.isEmpty else { return }
+        let descriptor = self.descriptor
+        // RFCOMM takes any slice; a SEQPACKET send is one packet, all of it or nothing.
+        let packet = outgoingMTU.map { max($0, 1) } ?? bytes.count
+        try await runBlockingCancellable("peerlink-bt-write") { flag throws in
+            var offset = 0
+            while offset < bytes.count {
+                let end = min(offset + packet, bytes.count)
+                let sent = try bytes.withUnsafeBytes { all throws(SystemError) -> Int? in
+                    let buffer = UnsafeRawBufferPointer(rebasing: all[offset..<end])
+                    return try descriptor.withFD("send") { fd throws(SystemError) -> Int? in
+                        if let sent = try Sys.send(fd, buffer) { return sent }
+                        _ = try Sys.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: pollSlice)
+                        return nil
+                    }
+                }
+                if let sent {
+                    offset += sent
+                } else {
+                    try flag.check()
+                }
+            }
+        }
+    }
+
+    /// Connects to `address` at `port` (RFCOMM channel or L2CAP PSM) from the adapter with
+    /// address `adapter` (``BluetoothAddress/any``: the kernel picks), giving up after `timeout`.
+    ///
+    /// - Parameter incomingMTU: L2CAP: the largest packet this side accepts (nil: the kernel's
+    ///   default, 672 on BR/EDR).
+    /// - Throws: a ``SystemError`` (`ETIMEDOUT` after `timeout`), `CancellationError`.
+    public static func connect(
+        _ kind: BluetoothSocketKind, to address: BluetoothAddress, port: UInt16,
+        from adapter: BluetoothAddress = .any, incomingMTU: UInt16? = nil, timeout: Duration
+    ) async throws -> BluetoothConnection {
+        try await runBlockingCancellable("peerlink-bt-connect") { flag throws -> BluetoothConnection in
+            let fd = try BTSocket.open(kind)
+            do {
+                if adapter != .any {
+                    try BTSocket.bind(fd, kind, adapter, port: 0)
+                }
+                if kind == .l2cap, let incomingMTU { try BTSocket.setIncomingMTU(fd, incomingMTU) }
+                try Sys.setNonBlocking(fd, true)
+                let done = try BTSocket.withAddress(kind, address, port: port) { pointer, length throws(SystemError) in
+                    try Sys.connectNonBlocking(fd, pointer, length)
+                }
+                if !done {
+                    let deadline = ContinuousClock.now + timeout
+                    while true {
+                        try flag.check()
+                        let remaining = ContinuousClock.now.duration(to: deadline)
+                        if remaining <= .zero { throw SystemError("connect", errno: ETIMEDOUT) }
+                        let milliseconds = Int32(
+                            clamping: max(1, remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000))
+                        let events = try Sys.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: min(milliseconds, pollSlice))
+                        if events != 0 { break }
+                    }
+                    let error = try Sys.getOption(fd, SOL_SOCKET, SO_ERROR)
+                    if error != 0 { throw SystemError("connect", errno: error) }
+                }
+                try Sys.setNonBlocking(fd, false)
+                return try BluetoothConnection(fd: fd, kind: kind, port: port)
+            } catch {
+                Sys.close(fd)
+                throw error
+            }
+        }
+    }
+}
+
+/// A listening RFCOMM or L2CAP socket on one adapter, or on all.
+public final class BluetoothListener: Sendable {
+    public let kind: BluetoothSocketKind
+    /// The adapter listened on (``BluetoothAddress/any``: every adapter).
+    public let adapter: BluetoothAddress
+    /// The channel / PSM taken: the one asked for, or the one the kernel picked for 0.
+    public let port: UInt16
+    private let descriptor: Descriptor
+
+    /// Listens on `port` (RFCOMM channel 1–30 or L2CAP PSM; 0: the kernel picks a free one) of
+    /// the adapter with address `adapter` (``BluetoothAddress/any``: every adapter).
+    ///
+    /// - Parameter incomingMTU: L2CAP: the largest packet accepted links take (nil: the
+    ///   kernel's default, 672 on BR/EDR).
+    public init(
+        _ kind: BluetoothSocketKind, adapter: BluetoothAddress = .any, port: UInt16 = 0, incomingMTU: UInt16? = nil
+    ) throws(SystemError) {
+        let fd = try BTSocket.open(kind)
+        do {
+            try BTSocket.bind(fd, kind, adapter, port: port)
+            if kind == .l2cap, let incomingMTU { try BTSocket.setIncomingMTU(fd, incomingMTU) }
+            // RFCOMM picks a free channel for 0 here, at listen; L2CAP picked a PSM at bind.
+            try Sys.listen(fd, 16)
+            try Sys.setNonBlocking(fd, true)
+            self.port = try BTSocket.name(fd, kind, peer: false).1
+        } catch {
+            Sys.close(fd)
+            throw error
+        }
+        self.kind = kind
+        self.adapter = adapter
+        self.descriptor = Descriptor(fd)
+    }
+
+    /// Waits for the next link. Throws once the listener is closed, and `CancellationError`
+    /// when the task is cancelled (noticed within 100 ms).
+    public func accept() async throws -> BluetoothConnection {
+        let descriptor = self.descriptor
+        let kind = self.kind
+        let port = self.port
+        return try await runBlockingCancellable("peerlink-bt-accept") { flag throws -> BluetoothConnection in
+            while true {
+                let accepted = try descriptor.withFD("accept") { fd throws(SystemError) -> Int32? in
+                    do throws(SystemError) {
+                        if let accepted = try Sys.wouldBlockAsNil({ () throws(SystemError) in try Sys.accept(fd) }) {
+                            return accepted
+                        }
+                    } catch where error.errno == ECONNABORTED || error.errno == EPROTO {
+                        return nil
+                    }
+                    _ = try Sys.poll(fd, events: Int16(POLLIN), timeoutMilliseconds: pollSlice)
+                    return nil
+                }
+                if let accepted {
+                    do {
+                        return try BluetoothConnection(fd: accepted, kind: kind, port: port)
+                    } catch {
+                        // gone before it could be looked at: wait for the next one
+                        Sys.close(accepted)
+                    }
+                }
+                try flag.check()
+            }
+        }
+    }
+
+    /// Stops listening; a pending ``accept()`` throws.
+    public func close() { descriptor.close() }
+}

@@ -1,0 +1,145 @@
+internal import CBlueZ
+#if canImport(Glibc)
+import Glibc
+#endif
+import PeerLinkCore
+import PeerLinkPosix
+
+/// The two Bluetooth Classic sockets PeerLink links run on.
+public enum BluetoothSocketKind: String, Sendable, Hashable, CaseIterable {
+    /// RFCOMM, `SOCK_STREAM`: an ordered, reliable byte stream on a channel 1–30.
+    case rfcomm
+    /// L2CAP, `SOCK_SEQPACKET`: ordered, reliable packets of at most the negotiated MTU, on a PSM.
+    case l2cap
+
+    /// How people name the port: `channel` or `PSM`.
+    var portName: String { self == .rfcomm ? "channel" : "PSM" }
+
+    /// The port as people write it: `5` or `0x1001`.
+    func portDescription(_ port: UInt16) -> String {
+        switch self {
+        case .rfcomm: return String(port)
+        case .l2cap: return L2CAPPSM(Int(port))?.description ?? String(port)
+        }
+    }
+
+    /// The endpoint of `address` at `port`, when the port is a valid channel / PSM.
+    func endpoint(_ address: BluetoothAddress, port: UInt16) -> Endpoint? {
+        switch self {
+        case .rfcomm: return RFCOMMChannel(Int(port)).map { .rfcomm(address: address, channel: $0) }
+        case .l2cap: return L2CAPPSM(Int(port)).map { .l2cap(address: address, psm: $0) }
+        }
+    }
+}
+
+extension BluetoothAddress {
+    /// The kernel's `bdaddr_t` holds the bytes least significant first.
+    var bdaddr: bdaddr_t {
+        let b = Array(bytes.reversed())
+        return bdaddr_t(b: (b[0], b[1], b[2], b[3], b[4], b[5]))
+    }
+
+    init(_ address: bdaddr_t) {
+        let written = withUnsafeBytes(of: address) { Array($0.reversed()) }
+        self.init(bytes: written)!
+    }
+}
+
+/// The socket calls of RFCOMM and L2CAP links (on top of PeerLinkPosix's `Sys`), each with its
+/// `sockaddr_rc` / `sockaddr_l2` handling in one place.
+enum BTSocket {
+    /// The size of `sockaddr_rc` (family, bdaddr, channel: 2 + 6 + 1, padded to 10).
+    static let rfcommAddressSize = MemoryLayout<sockaddr_rc>.size
+    /// The size of `sockaddr_l2` (family, PSM, bdaddr, CID, address type: 2 + 2 + 6 + 2 + 1, padded to 14).
+    static let l2capAddressSize = MemoryLayout<sockaddr_l2>.size
+
+    /// A new socket of `kind` (close-on-exec).
+    static func open(_ kind: BluetoothSocketKind) throws(SystemError) -> Int32 {
+        switch kind {
+        case .rfcomm: return try Sys.socket(AF_BLUETOOTH, Int32(SOCK_STREAM.rawValue), BTPROTO_RFCOMM)
+        case .l2cap: return try Sys.socket(AF_BLUETOOTH, Int32(SOCK_SEQPACKET.rawValue), BTPROTO_L2CAP)
+        }
+    }
+
+    /// Runs `body` with the socket address of `address` and `port` (channel or PSM).
+    static func withAddress<R>(
+        _ kind: BluetoothSocketKind, _ address: BluetoothAddress, port: UInt16,
+        _ body: (UnsafePointer<sockaddr>, socklen_t) throws(SystemError) -> R
+    ) throws(SystemError) -> R {
+        switch kind {
+        case .rfcomm:
+            var rc = sockaddr_rc()
+            rc.rc_family = sa_family_t(AF_BLUETOOTH)
+            rc.rc_bdaddr = address.bdaddr
+            rc.rc_channel = UInt8(truncatingIfNeeded: port)
+            return try withUnsafePointer(to: &rc) { pointer throws(SystemError) in
+                try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { address throws(SystemError) in
+                    try body(address, socklen_t(rfcommAddressSize))
+                }
+            }
+        case .l2cap:
+            var l2 = sockaddr_l2()
+            l2.l2_family = sa_family_t(AF_BLUETOOTH)
+            l2.l2_psm = port.littleEndian
+            l2.l2_bdaddr = address.bdaddr
+            return try withUnsafePointer(to: &l2) { pointer throws(SystemError) in
+                try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { address throws(SystemError) in
+                    try body(address, socklen_t(l2capAddressSize))
+                }
+            }
+        }
+    }
+
+    static func bind(_ fd: Int32, _ kind: BluetoothSocketKind, _ address: BluetoothAddress, port: UInt16) throws(SystemError) {
+        try withAddress(kind, address, port: port) { pointer, length throws(SystemError) in
+            try Sys.bind(fd, pointer, length)
+        }
+    }
+
+    /// The local (`getsockname`) or remote (`getpeername`) address and channel / PSM.
+    static func name(_ fd: Int32, _ kind: BluetoothSocketKind, peer: Bool) throws(SystemError) -> (BluetoothAddress, UInt16) {
+        var storage = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        try withUnsafeMutablePointer(to: &storage) { pointer throws(SystemError) in
+            try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { address throws(SystemError) in
+                if peer { try Sys.getpeername(fd, address, &length) } else { try Sys.getsockname(fd, address, &length) }
+            }
+        }
+        return withUnsafePointer(to: &storage) { pointer in
+            switch kind {
+            case .rfcomm:
+                return pointer.withMemoryRebound(to: sockaddr_rc.self, capacity: 1) {
+                    (BluetoothAddress($0.pointee.rc_bdaddr), UInt16($0.pointee.rc_channel))
+                }
+            case .l2cap:
+                return pointer.withMemoryRebound(to: sockaddr_l2.self, capacity: 1) {
+                    (BluetoothAddress($0.pointee.l2_bdaddr), UInt16(littleEndian: $0.pointee.l2_psm))
+                }
+            }
+        }
+    }
+
+    static func l2capOptions(_ fd: Int32) throws(SystemError) -> l2cap_options {
+        var options = l2cap_options()
+        var length = socklen_t(MemoryLayout<l2cap_options>.size)
+        _ = try Sys.retrying("getsockopt(L2CAP_OPTIONS)") { getsockopt(fd, SOL_L2CAP, L2CAP_OPTIONS, &options, &length) }
+        return options
+    }
+
+    /// Sets the largest packet this side accepts (the incoming MTU the kernel announces).
+    static func setIncomingMTU(_ fd: Int32, _ mtu: UInt16) throws(SystemError) {
+        var options = try l2capOptions(fd)
+        options.imtu = mtu
+        _ = try Sys.retrying("setsockopt(L2CAP_OPTIONS)") {
+            setsockopt(fd, SOL_L2CAP, L2CAP_OPTIONS, &options, socklen_t(MemoryLayout<l2cap_options>.size))
+        }
+    }
+
+    /// The MTUs of a connected L2CAP socket: what it may send (the peer's incoming MTU) and
+    /// what it accepts.
+    static func mtus(_ fd: Int32) throws(SystemError) -> (outgoing: Int, incoming: Int) {
+        let options = try l2capOptions(fd)
+        return (Int(options.omtu), Int(options.imtu))
+    }
+
+}

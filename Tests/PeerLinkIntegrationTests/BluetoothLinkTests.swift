@@ -1,0 +1,120 @@
+import Foundation
+import PeerLink
+import Testing
+
+/// RFCOMM and L2CAP links between the lab's two controllers, hci1 (client) → hci0 (server),
+/// through the kernel's Bluetooth stack. Serialized: one test takes an adapter down.
+@Suite("Bluetooth links in the VM lab", .serialized, .enabled(if: BluetoothLab.enabled, BluetoothLab.reason))
+struct BluetoothLinkTests {
+    /// A listener on hci0 (port chosen by the kernel) and a connection to it from hci1.
+    static func connectedPair(
+        _ kind: BluetoothSocketKind, serverMTU: UInt16? = nil
+    ) async throws -> (server: BluetoothConnection, client: BluetoothConnection, listener: BluetoothTransportListener) {
+        let hci0 = try BluetoothLab.address(0)
+        let hci1 = try BluetoothLab.address(1)
+        let listener = try BluetoothTransportListener(kind, adapter: hci0, port: 0, incomingMTU: serverMTU)
+        let endpoint = try #require(listener.localEndpoints.first)
+        async let accepted = listener.acceptConnection()
+        let client = try await BluetoothTransport(adapter: hci1).connect(endpoint, timeout: .seconds(20))
+        let server = try await accepted
+        #expect(client.remoteAddress == hci0)
+        #expect(client.localAddress == hci1)
+        #expect(server.remoteAddress == hci1)
+        return (server, client, listener)
+    }
+
+    /// Reads from `connection` until `count` bytes arrived (or the end).
+    static func readAll(_ connection: BluetoothConnection, count: Int) async throws -> (bytes: [UInt8], packets: [Int]) {
+        var bytes: [UInt8] = []
+        var packets: [Int] = []
+        while bytes.count < count {
+            let chunk = try await connection.read()
+            if chunk.isEmpty { break }
+            packets.append(chunk.count)
+            bytes += chunk
+        }
+        return (bytes, packets)
+    }
+
+    @Test(arguments: BluetoothSocketKind.allCases)
+    func echoAndOneMebibyte(_ kind: BluetoothSocketKind) async throws {
+        let (server, client, listener) = try await Self.connectedPair(kind)
+        defer {
+            client.close()
+            server.close()
+            listener.close()
+        }
+        #expect(listener.port != 0, "the kernel picks a \(kind) port for 0 and getsockname reports it")
+        // echo
+        try await client.write(Array("hello over \(kind)".utf8))
+        let hello = try await Self.readAll(server, count: "hello over \(kind)".utf8.count)
+        try await server.write(hello.bytes)
+        let echoed = try await Self.readAll(client, count: hello.bytes.count)
+        #expect(String(decoding: echoed.bytes, as: UTF8.self) == "hello over \(kind)")
+        // 1 MiB each way at once, compared by SHA-256
+        let up = BluetoothLab.pattern(1 << 20, seed: 1)
+        let down = BluetoothLab.pattern(1 << 20, seed: 2)
+        async let sentUp: Void = client.write(up)
+        async let sentDown: Void = server.write(down)
+        async let receivedUp = Self.readAll(server, count: up.count)
+        async let receivedDown = Self.readAll(client, count: down.count)
+        try await sentUp
+        try await sentDown
+        let (atServer, atClient) = try await (receivedUp, receivedDown)
+        #expect(BluetoothLab.digest(atServer.bytes) == BluetoothLab.digest(up))
+        #expect(BluetoothLab.digest(atClient.bytes) == BluetoothLab.digest(down))
+        if kind == .l2cap, let mtu = client.outgoingMTU {
+            #expect(atServer.packets.allSatisfy { $0 <= mtu }, "a packet larger than the MTU \(mtu) arrived")
+        }
+    }
+
+    @Test func l2capPacketsNeverExceedTheNegotiatedMTU() async throws {
+        let (server, client, listener) = try await Self.connectedPair(.l2cap, serverMTU: 672)
+        defer {
+            client.close()
+            server.close()
+            listener.close()
+        }
+        // The server asked for 672: that is the most the client may send it.
+        #expect(client.outgoingMTU == 672)
+        #expect(server.incomingMTU == 672)
+        let record = BluetoothLab.pattern(16 * 1024, seed: 3)
+        try await client.write(record)
+        let received = try await Self.readAll(server, count: record.count)
+        #expect(received.bytes == record, "the 16 KiB record arrives whole")
+        #expect(received.packets.allSatisfy { $0 <= 672 }, "packets: \(received.packets)")
+        #expect(received.packets.count == (record.count + 671) / 672, "each read is one packet: \(received.packets)")
+    }
+
+    @Test(arguments: [
+        "bt://ADDR/rfcomm/29", "bt://ADDR/l2cap/0x1f01",
+    ])
+    func nobodyListeningIsAClearErrorNotAHang(_ template: String) async throws {
+        let hci0 = try BluetoothLab.address(0)
+        let endpoint = try Endpoint(parsing: template.replacingOccurrences(of: "ADDR", with: hci0.description))
+        let transport = BluetoothTransport(adapter: try BluetoothLab.address(1))
+        let error = await #expect(throws: PeerLinkError.self) {
+            _ = try await transport.connect(endpoint, timeout: .seconds(20))
+        }
+        #expect(error?.code == .unavailable, "\(String(describing: error))")
+        #expect(error?.message.contains("nothing listens on") == true, "\(String(describing: error))")
+        #expect(error?.message.contains(hci0.description) == true, "\(String(describing: error))")
+    }
+
+    @Test func aTakenChannelIsAClearError() throws {
+        let hci0 = try BluetoothLab.address(0)
+        let first = try BluetoothTransportListener(.rfcomm, adapter: hci0, port: 0)
+        defer { first.close() }
+        let error = #expect(throws: PeerLinkError.self) {
+            try BluetoothTransportListener(.rfcomm, adapter: hci0, port: first.port).close()
+        }
+        #expect(error?.message.contains("already taken") == true, "\(String(describing: error))")
+    }
+
+    @Test func anAddressOfNoAdapterIsAClearError() throws {
+        let error = #expect(throws: PeerLinkError.self) {
+            try BluetoothTransportListener(.l2cap, adapter: BluetoothAddress("00:11:22:33:44:55")!, port: 0).close()
+        }
+        #expect(error?.message.contains("peerlink radios") == true, "\(String(describing: error))")
+    }
+}

@@ -1,0 +1,70 @@
+import Crypto
+import Foundation
+import PeerLink
+import Testing
+
+/// The Bluetooth VM lab (Hardware/bluetooth-lab.sh): two virtual controllers, hci0 and hci1,
+/// that see each other, in a kernel with Bluetooth. The lab script sets
+/// `PEERLINK_BLUETOOTH_LAB=1`; the Bluetooth suites run only there.
+enum BluetoothLab {
+    /// Whether the environment says this is the lab.
+    static let isLab = TestHost.environment["PEERLINK_BLUETOOTH_LAB"] == "1"
+
+    /// Whether this kernel has Bluetooth sockets.
+    static let kernelHasBluetooth: Bool = {
+        let fd = socket(AF_BLUETOOTH, Int32(SOCK_SEQPACKET.rawValue), 0 /* BTPROTO_L2CAP */)
+        guard fd >= 0 else { return false }
+        close(fd)
+        return true
+    }()
+
+    /// The lab's suites run: the lab, with a Bluetooth kernel.
+    static var enabled: Bool { isLab && kernelHasBluetooth }
+
+    static let reason: Comment =
+        "Bluetooth links need the VM lab (Hardware/bluetooth-lab.sh sets PEERLINK_BLUETOOTH_LAB=1, and its kernel has AF_BLUETOOTH)"
+
+    /// The address of adapter `index` (the lab exports BTVM_HCIn_ADDR; else asked of the kernel).
+    static func address(_ index: Int) throws -> BluetoothAddress {
+        if let text = TestHost.environment["BTVM_HCI\(index)_ADDR"], let address = BluetoothAddress(text) { return address }
+        guard let adapter = try BluetoothAdapter.all().first(where: { $0.index == index }),
+            let address = BluetoothAddress(adapter.address)
+        else { throw HarnessError("the lab has no adapter hci\(index)") }
+        return address
+    }
+
+    /// Runs `hciconfig hciN ARGS` (the lab runs as root).
+    static func hciconfig(_ index: Int, _ arguments: [String]) async throws {
+        let tool = TestHost.which("hciconfig") ?? "/usr/bin/hciconfig"
+        let result = try await runCommand(tool, ["hci\(index)"] + arguments, timeout: .seconds(20))
+        guard result.status == 0 else {
+            throw HarnessError("hciconfig hci\(index) \(arguments.joined(separator: " ")) failed: \(result.stderr)")
+        }
+    }
+
+    /// The SHA-256 of `bytes` with their count, to compare what was sent with what arrived.
+    static func digest(_ bytes: [UInt8]) -> String {
+        "\(bytes.count) bytes, SHA-256 " + SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
+    }
+
+    /// `count` bytes of a seeded pseudo-random pattern.
+    static func pattern(_ count: Int, seed: UInt64 = 0x5eed) -> [UInt8] {
+        var state = seed
+        return (0..<count).map { _ in
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return UInt8(truncatingIfNeeded: state >> 33)
+        }
+    }
+}
+
+/// Runs when the lab environment is set: the lab itself must have Bluetooth, so a broken lab
+/// fails here instead of passing as "skipped".
+@Suite("Bluetooth lab: the VM has what the suites need", .enabled(if: BluetoothLab.isLab, "not in the Bluetooth VM lab"))
+struct BluetoothLabSelfTests {
+    @Test func kernelHasBluetoothAndTwoAdapters() throws {
+        #expect(BluetoothLab.kernelHasBluetooth, "socket(AF_BLUETOOTH) failed in the lab: is the bluetooth module loaded?")
+        let adapters = try BluetoothAdapter.all()
+        #expect(adapters.filter(\.isUp).count >= 2, "the lab should have hci0 and hci1 up: \(adapters)")
+        #expect(try BluetoothLab.address(0) != BluetoothLab.address(1))
+    }
+}
