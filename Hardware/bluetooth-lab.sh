@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bluetooth-lab.sh — builds the tests and runs the Bluetooth suites inside the Bluetooth VM lab.
 #
-# usage: Hardware/bluetooth-lab.sh [--skip-build] [--console] [--filter REGEX] [-- TEST ARGS...]
+# usage: Hardware/bluetooth-lab.sh [--skip-build] [--no-bluetoothd] [--console] [--filter REGEX] [-- TEST ARGS...]
 #
 # The lab is a throw-away QEMU VM (Hardware/btvm, see its README) booting this machine's Debian
 # kernel with the Bluetooth modules, two virtual BR/EDR controllers that see each other (hci0
@@ -15,6 +15,8 @@
 # `swift test` on a machine without Bluetooth).
 #
 #   --skip-build     do not run `swift build --build-tests` first (use the binary as it is)
+#   --no-bluetoothd  do not start dbus-daemon and bluetoothd in the VM (the link suites need
+#                    only the kernel; discovery and SDP need bluetoothd)
 #   --console        print the guest's serial console afterwards (for VM trouble)
 #   --filter REGEX   the swift-testing filter (default: Bluetooth — every suite whose name has it)
 #   -- ARGS...       more arguments for the test binary
@@ -35,12 +37,14 @@ cd "$ROOT"
 say() { echo "bluetooth lab: $*"; }
 
 BUILD=1
+BLUETOOTHD=(--bluetoothd)
 CONSOLE=()
 FILTER=Bluetooth
 EXTRA=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --skip-build) BUILD=0; shift ;;
+        --no-bluetoothd) BLUETOOTHD=(); shift ;;
         --console) CONSOLE=(--console); shift ;;
         --filter)
             [ $# -ge 2 ] || { say "--filter needs a regular expression"; exit 2; }
@@ -86,7 +90,7 @@ for arg in "${EXTRA[@]}"; do guest_cmd+=" $(printf %q "$arg")"; done
 
 say "running the Bluetooth suites in the VM (filter: $FILTER)"
 rc=0
-BTVM_TIME=1 "$HERE/btvm/run.sh" --bluetoothd --timeout "${PEERLINK_LAB_TIMEOUT:-900}" "${CONSOLE[@]}" -- "$guest_cmd" || rc=$?
+BTVM_TIME=1 "$HERE/btvm/run.sh" "${BLUETOOTHD[@]}" --timeout "${PEERLINK_LAB_TIMEOUT:-900}" "${CONSOLE[@]}" -- "$guest_cmd" || rc=$?
 case "$rc" in
     0) say "passed" ;;
     124) say "the VM ran out of time (${PEERLINK_LAB_TIMEOUT:-900} s): a test hangs; rerun with --console" ;;

@@ -13,7 +13,9 @@ final class EventLog: @unchecked Sendable {
 }
 
 /// Sessions over RFCOMM and L2CAP in the VM lab, and `peerlink chat` between the two controllers.
-@Suite("Bluetooth sessions in the VM lab", .serialized, .enabled(if: BluetoothLab.enabled, BluetoothLab.reason))
+@Suite(
+    "Bluetooth sessions in the VM lab", .serialized, .enabled(if: BluetoothLab.enabled, BluetoothLab.reason),
+    .timeLimit(.minutes(3)))
 struct BluetoothSessionTests {
     /// A running session: its events are recorded, invitations accepted.
     final class Running: Sendable {
@@ -33,6 +35,15 @@ struct BluetoothSessionTests {
                         try? await session.respond(to: invitation, accept: true)
                     }
                 }
+            }
+        }
+
+        /// Waits (bounded) until ``PeerSession/run()`` takes work.
+        func started() async throws {
+            let deadline = ContinuousClock.now + .seconds(30)
+            while !session.isRunning {
+                guard ContinuousClock.now < deadline else { throw HarnessError("\(session.localPeer.displayName) did not start") }
+                try await Task.sleep(for: .milliseconds(10))
             }
         }
 
@@ -72,7 +83,7 @@ struct BluetoothSessionTests {
     }
 
     /// hci0 listens on RFCOMM and L2CAP; hci1 only dials.
-    static func pair() throws -> (server: Running, client: Running) {
+    static func pair() async throws -> (server: Running, client: Running) {
         let hci0 = try BluetoothLab.address(0)
         let hci1 = try BluetoothLab.address(1)
         let listeners: [any TransportListener] = [
@@ -83,12 +94,15 @@ struct BluetoothSessionTests {
         let client = PeerSession(
             configuration: try configuration("on-hci1"), transports: [TCPTransport(), BluetoothTransport(adapter: hci1)],
             listeners: [])
-        return (Running(server), Running(client))
+        let running = (server: Running(server), client: Running(client))
+        try await running.server.started()
+        try await running.client.started()
+        return running
     }
 
     @Test(arguments: BluetoothSocketKind.allCases)
     func encryptedChatBetweenTwoSessions(_ kind: BluetoothSocketKind) async throws {
-        let (server, client) = try Self.pair()
+        let (server, client) = try await Self.pair()
         do {
             let endpoint = try #require(server.session.listeners.flatMap(\.localEndpoints).first { $0.transport == kind.rawValue })
             let peer = try await client.session.connect(to: endpoint)
@@ -119,7 +133,7 @@ struct BluetoothSessionTests {
     }
 
     @Test func adapterTakenDownMidSessionEndsTheLinkWithAReason() async throws {
-        let (server, client) = try Self.pair()
+        let (server, client) = try await Self.pair()
         do {
             let endpoint = try #require(server.session.listeners.flatMap(\.localEndpoints).first { $0.transport == "l2cap" })
             let peer = try await client.session.connect(to: endpoint)
