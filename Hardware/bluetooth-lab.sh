@@ -8,7 +8,7 @@
 # 00:AA:01:00:00:00 and hci1 00:AA:01:01:00:01, both up and connectable) and bluetoothd. The guest
 # sees this machine's files read-only at the same paths, so it runs the test binary built here:
 #
-#   .build/debug/PeerLinkPackageTests.xctest --testing-library swift-testing --filter Bluetooth
+#   .build/debug/PeerLinkPackageTests.xctest --testing-library swift-testing --no-parallel --filter Bluetooth
 #
 # with PEERLINK_BLUETOOTH_LAB=1 in its environment: the Bluetooth suites run only when that is set
 # and the kernel has AF_BLUETOOTH, and are skipped with the reason otherwise (as in a plain
@@ -85,7 +85,8 @@ BIN=$(cd "$SCRATCH" && pwd)/debug/PeerLinkPackageTests.xctest
 # test binary. Arguments are quoted for that shell.
 guest_cmd="export PEERLINK_BLUETOOTH_LAB=1 PEERLINK_BIN_DIR=$(printf %q "$(dirname "$BIN")");"
 guest_cmd+=" echo \"bluetooth lab: kernel \$(uname -r), hci0 \$BTVM_HCI0_ADDR, hci1 \$BTVM_HCI1_ADDR\";"
-guest_cmd+=" exec $(printf %q "$BIN") --testing-library swift-testing --filter $(printf %q "$FILTER")"
+# --no-parallel: the suites share two controllers, and one test takes hci0 down.
+guest_cmd+=" exec $(printf %q "$BIN") --testing-library swift-testing --no-parallel --filter $(printf %q "$FILTER")"
 for arg in "${EXTRA[@]}"; do guest_cmd+=" $(printf %q "$arg")"; done
 
 say "running the Bluetooth suites in the VM (filter: $FILTER)"

@@ -75,6 +75,7 @@ public struct BluetoothTransport: Transport {
         guard timeout > .zero else {
             throw PeerLinkError(.invalidParameter, "the dial timeout must be positive, not \(DurationText.seconds(timeout))")
         }
+        try BluetoothErrors.requireLocalAdapter(adapter)
         do {
             return try await BluetoothConnection.connect(
                 kind, to: address, port: port, from: adapter, incomingMTU: incomingMTU, timeout: timeout)
@@ -99,6 +100,7 @@ public final class BluetoothTransportListener: TransportListener {
     public init(
         _ kind: BluetoothSocketKind, adapter: BluetoothAddress = .any, port: UInt16 = 0, incomingMTU: UInt16? = nil
     ) throws(PeerLinkError) {
+        try BluetoothErrors.requireLocalAdapter(adapter)
         do {
             listener = try BluetoothListener(kind, adapter: adapter, port: port, incomingMTU: incomingMTU)
         } catch {

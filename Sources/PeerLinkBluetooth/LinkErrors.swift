@@ -119,6 +119,19 @@ extension BluetoothErrors {
         }
     }
 
+    /// Throws when `address` is not `any` and no adapter of this machine has it (the kernel
+    /// binds to any address without complaint, and then nothing ever arrives).
+    static func requireLocalAdapter(_ address: BluetoothAddress) throws(PeerLinkError) {
+        guard address != .any else { return }
+        let adapters = try BluetoothAdapter.all()
+        guard adapters.contains(where: { BluetoothAddress($0.address) == address }) else {
+            let known = adapters.map { "\($0.name) \($0.address)" }.joined(separator: ", ")
+            throw PeerLinkError(
+                .invalidParameter,
+                "\(address) is not the address of a Bluetooth adapter of this machine (it has \(known.isEmpty ? "none" : known)): list them with 'peerlink radios'")
+        }
+    }
+
     /// `hci0 (00:AA:01:00:00:00)` when the adapter is known, else its address or "the adapter".
     static func adapterName(_ address: BluetoothAddress) -> String {
         if address == .any {

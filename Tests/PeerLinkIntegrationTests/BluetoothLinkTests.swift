@@ -84,7 +84,7 @@ struct BluetoothLinkTests {
     }
 
     @Test(arguments: [
-        "bt://ADDR/rfcomm/29", "bt://ADDR/l2cap/0x1f01",
+        "bt://ADDR/rfcomm/29", "bt://ADDR/l2cap/0x1e01",
     ])
     func nobodyListeningIsAClearErrorNotAHang(_ template: String) async throws {
         let hci0 = try BluetoothLab.address(0)

@@ -164,8 +164,9 @@ struct BluetoothSessionTests {
     @Test(arguments: BluetoothSocketKind.allCases)
     func twoChatProcessesOneControllerEach(_ kind: BluetoothSocketKind) async throws {
         let hci0 = try BluetoothLab.address(0)
-        let listen = kind == .rfcomm ? ["--rfcomm-channel", "7"] : ["--l2cap-psm", "0x1003"]
-        let target = kind == .rfcomm ? "bt://\(hci0)/rfcomm/7" : "bt://\(hci0)/l2cap/0x1003"
+        // fixed ports, as a user gives them, away from those the kernel hands out for 0
+        let listen = kind == .rfcomm ? ["--rfcomm-channel", "27"] : ["--l2cap-psm", "0x2001"]
+        let target = kind == .rfcomm ? "bt://\(hci0)/rfcomm/27" : "bt://\(hci0)/l2cap/0x2001"
         let a = try ChildProcess.peerlink(["chat", "--name", "alice", "--adapter", "hci0"] + listen, withInput: true)
         defer { a.terminate() }
         _ = try await a.waitForStderrLine(containing: "Listening on hci0", timeout: .seconds(30))
