@@ -64,6 +64,16 @@ public final class BluetoothConnection: Sendable {
         let descriptor = self.descriptor
         // A packet is never larger than the incoming MTU (at most 65535): one read, one packet.
         let count = incomingMTU.map { max($0, 1) } ?? 65536
+        // What already arrived is taken here (a non-blocking recv): a thread is started only
+        // to wait, which matters for L2CAP's many small packets.
+        var ready = [UInt8](repeating: 0, count: count)
+        let now = try ready.withUnsafeMutableBytes { buffer throws(SystemError) -> Int? in
+            try descriptor.withFD("recv") { fd throws(SystemError) -> Int? in try Sys.receive(fd, buffer) }
+        }
+        if let now {
+            if now == 0, descriptor.isClosed { throw SystemError("recv", errno: EBADF) }
+            return now == count ? ready : Array(ready[..<now])
+        }
         return try await runBlockingCancellable("peerlink-bt-read") { flag throws -> [UInt8] in
             var bytes = [UInt8](repeating: 0, count: count)
             while true {
@@ -94,8 +104,23 @@ public final class BluetoothConnection: Sendable {
         let descriptor = self.descriptor
         // RFCOMM takes any slice; a SEQPACKET send is one packet, all of it or nothing.
         let packet = outgoingMTU.map { max($0, 1) } ?? bytes.count
+        // As much as the kernel takes at once is sent here (non-blocking sends); a thread is
+        // started only to wait for room.
+        var start = 0
+        while start < bytes.count {
+            let end = min(start + packet, bytes.count)
+            let sent = try bytes.withUnsafeBytes { all throws(SystemError) -> Int? in
+                try descriptor.withFD("send") { fd throws(SystemError) -> Int? in
+                    try Sys.send(fd, UnsafeRawBufferPointer(rebasing: all[start..<end]))
+                }
+            }
+            guard let sent else { break }
+            start += sent
+        }
+        guard start < bytes.count else { return }
+        let first = start
         try await runBlockingCancellable("peerlink-bt-write") { flag throws in
-            var offset = 0
+            var offset = first
             while offset < bytes.count {
                 let end = min(offset + packet, bytes.count)
                 let sent = try bytes.withUnsafeBytes { all throws(SystemError) -> Int? in

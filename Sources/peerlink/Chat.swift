@@ -108,7 +108,9 @@ struct Chat: AsyncParsableCommand {
             let configuration = PeerSessionConfiguration(
                 identity: identity, displayName: displayName, serviceType: serviceType,
                 encryption: Self.preference(encryption) ?? .required,
-                policy: SessionPolicy(automatic: invite == nil), admit: admit)
+                policy: SessionPolicy(automatic: invite == nil),
+                // a Bluetooth page alone may take 5.12 s
+                dialTimeout: links.wantsBluetooth ? .seconds(20) : .seconds(5), admit: admit)
             node = try ChatNode.make(configuration: configuration, links: links, console: console, logger: logger)
         } catch {
             throw fail(error)

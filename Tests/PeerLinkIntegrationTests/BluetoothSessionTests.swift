@@ -79,7 +79,7 @@ struct BluetoothSessionTests {
     static func configuration(_ name: String) throws -> PeerSessionConfiguration {
         PeerSessionConfiguration(
             identity: .generate(), displayName: try DisplayName(name), serviceType: try ServiceType("bt-lab"),
-            encryption: .required)
+            encryption: .required, dialTimeout: .seconds(20))
     }
 
     /// hci0 listens on RFCOMM and L2CAP; hci1 only dials.
@@ -132,6 +132,34 @@ struct BluetoothSessionTests {
         await server.stop()
     }
 
+    @Test(arguments: BluetoothSocketKind.allCases)
+    func twoChatProcessesOneControllerEach(_ kind: BluetoothSocketKind) async throws {
+        let hci0 = try BluetoothLab.address(0)
+        // fixed ports, as a user gives them, away from those the kernel hands out for 0
+        let listen = kind == .rfcomm ? ["--rfcomm-channel", "27"] : ["--l2cap-psm", "0x2001"]
+        let target = kind == .rfcomm ? "bt://\(hci0)/rfcomm/27" : "bt://\(hci0)/l2cap/0x2001"
+        let a = try ChildProcess.peerlink(["chat", "--name", "alice", "--adapter", "hci0"] + listen, withInput: true)
+        defer { a.terminate() }
+        _ = try await a.waitForStderrLine(containing: "Listening on hci0", timeout: .seconds(30))
+        let b = try ChildProcess.peerlink(
+            ["chat", "--name", "bob", "--adapter", "hci1", "--connect", target], withInput: true)
+        defer { b.terminate() }
+        _ = try await b.waitForLine(containing: "* alice joined", timeout: .seconds(60))
+        _ = try await a.waitForLine(containing: "* bob joined", timeout: .seconds(60))
+        a.type("hi bob, this is alice over \(kind)\n")
+        b.type("hi alice\n")
+        _ = try await b.waitForLine(containing: "alice: hi bob, this is alice over \(kind)", timeout: .seconds(30))
+        _ = try await a.waitForLine(containing: "bob: hi alice", timeout: .seconds(30))
+        b.type("/peers\n")
+        _ = try await b.waitForStderrLine(containing: "\(kind.rawValue) \(target)", timeout: .seconds(30))
+        b.closeInput()
+        #expect(try await b.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(b.stderr)")
+        _ = try await a.waitForLine(containing: "* bob left", timeout: .seconds(30))
+        a.closeInput()
+        #expect(try await a.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(a.stderr)")
+    }
+
+    // Last: it takes hci0 down and up again.
     @Test func adapterTakenDownMidSessionEndsTheLinkWithAReason() async throws {
         let (server, client) = try await Self.pair()
         do {
@@ -159,32 +187,5 @@ struct BluetoothSessionTests {
         try await BluetoothLab.hciconfig(0, ["piscan"])
         await client.stop()
         await server.stop()
-    }
-
-    @Test(arguments: BluetoothSocketKind.allCases)
-    func twoChatProcessesOneControllerEach(_ kind: BluetoothSocketKind) async throws {
-        let hci0 = try BluetoothLab.address(0)
-        // fixed ports, as a user gives them, away from those the kernel hands out for 0
-        let listen = kind == .rfcomm ? ["--rfcomm-channel", "27"] : ["--l2cap-psm", "0x2001"]
-        let target = kind == .rfcomm ? "bt://\(hci0)/rfcomm/27" : "bt://\(hci0)/l2cap/0x2001"
-        let a = try ChildProcess.peerlink(["chat", "--name", "alice", "--adapter", "hci0"] + listen, withInput: true)
-        defer { a.terminate() }
-        _ = try await a.waitForStderrLine(containing: "Listening on hci0", timeout: .seconds(30))
-        let b = try ChildProcess.peerlink(
-            ["chat", "--name", "bob", "--adapter", "hci1", "--connect", target], withInput: true)
-        defer { b.terminate() }
-        _ = try await b.waitForLine(containing: "* alice joined", timeout: .seconds(60))
-        _ = try await a.waitForLine(containing: "* bob joined", timeout: .seconds(60))
-        a.type("hi bob, this is alice over \(kind)\n")
-        b.type("hi alice\n")
-        _ = try await b.waitForLine(containing: "alice: hi bob, this is alice over \(kind)", timeout: .seconds(30))
-        _ = try await a.waitForLine(containing: "bob: hi alice", timeout: .seconds(30))
-        b.type("/peers\n")
-        _ = try await b.waitForStderrLine(containing: "\(kind.rawValue) \(target)", timeout: .seconds(30))
-        b.closeInput()
-        #expect(try await b.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(b.stderr)")
-        _ = try await a.waitForLine(containing: "* bob left", timeout: .seconds(30))
-        a.closeInput()
-        #expect(try await a.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(a.stderr)")
     }
 }
