@@ -22,6 +22,8 @@ public final class BluetoothConnection: Sendable {
     public let remoteAddress: BluetoothAddress
     /// The channel / PSM of the link: the one dialled, or the one accepted on.
     public let port: UInt16
+    /// Whether the link was accepted (not dialled) by this side.
+    public let isIncoming: Bool
     /// L2CAP: the largest packet this side may send (the peer's incoming MTU); nil for RFCOMM.
     public let outgoingMTU: Int?
     /// L2CAP: the largest packet this side accepts; nil for RFCOMM.
@@ -29,13 +31,14 @@ public final class BluetoothConnection: Sendable {
     private let descriptor: Descriptor
 
     /// Takes over a connected socket.
-    init(fd: Int32, kind: BluetoothSocketKind, port: UInt16) throws(SystemError) {
+    init(fd: Int32, kind: BluetoothSocketKind, port: UInt16, incoming: Bool) throws(SystemError) {
         let local = try BTSocket.name(fd, kind, peer: false)
         let remote = try BTSocket.name(fd, kind, peer: true)
         self.kind = kind
         self.localAddress = local.0
         self.remoteAddress = remote.0
         self.port = port
+        self.isIncoming = incoming
         if kind == .l2cap {
             let mtus = try BTSocket.mtus(fd)
             outgoingMTU = mtus.outgoing
@@ -47,8 +50,9 @@ public final class BluetoothConnection: Sendable {
         descriptor = Descriptor(fd)
     }
 
-    /// `bt://ADDR/rfcomm/CHANNEL` or `bt://ADDR/l2cap/PSM` of the other end.
-    public var remoteEndpoint: Endpoint? { kind.endpoint(remoteAddress, port: port) }
+    /// The endpoint dialled, `bt://ADDR/rfcomm/CHANNEL` or `bt://ADDR/l2cap/PSM`; nil for an
+    /// incoming link (where the peer itself listens is not known from it).
+    public var remoteEndpoint: Endpoint? { isIncoming ? nil : kind.endpoint(remoteAddress, port: port) }
 
     /// Whether ``close()`` was called.
     public var isClosed: Bool { descriptor.isClosed }
@@ -176,7 +180,7 @@ public final class BluetoothConnection: Sendable {
                     if error != 0 { throw SystemError("connect", errno: error) }
                 }
                 try Sys.setNonBlocking(fd, false)
-                return try BluetoothConnection(fd: fd, kind: kind, port: port)
+                return try BluetoothConnection(fd: fd, kind: kind, port: port, incoming: false)
             } catch {
                 Sys.close(fd)
                 throw error
@@ -240,7 +244,7 @@ public final class BluetoothListener: Sendable {
                 }
                 if let accepted {
                     do {
-                        return try BluetoothConnection(fd: accepted, kind: kind, port: port)
+                        return try BluetoothConnection(fd: accepted, kind: kind, port: port, incoming: true)
                     } catch {
                         // gone before it could be looked at: wait for the next one
                         Sys.close(accepted)

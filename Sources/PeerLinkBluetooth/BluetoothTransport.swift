@@ -18,8 +18,9 @@ public final class BluetoothLinkChannel: LinkChannel {
     public init(_ connection: BluetoothConnection) {
         self.connection = connection
         transport = connection.kind.rawValue
+        // dialled: the endpoint; accepted: the device, and the channel / PSM it came in on
         remoteDescription = connection.remoteEndpoint?.description
-            ?? "bt://\(connection.remoteAddress)/\(connection.kind.rawValue)"
+            ?? "bt://\(connection.remoteAddress)/\(connection.kind.rawValue) (in on \(connection.kind.portDescription(connection.port)))"
     }
 
     public func read() async throws -> [UInt8] {
