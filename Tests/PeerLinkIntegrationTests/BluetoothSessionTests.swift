@@ -169,13 +169,13 @@ struct BluetoothSessionTests {
             try await BluetoothLab.hciconfig(0, ["down"])
             try await client.waitForState(peer, .notConnected, within: .seconds(60))
             try await server.waitForState(client.session.localPeer, .notConnected, within: .seconds(60))
-            let reasons = client.events.withLock { events in
-                events.compactMap { event -> String? in
-                    if case .peerStateChanged(_, .notConnected, let reason) = event { return reason }
-                    return nil
+            // the state is read before the event reaches the log: wait for the event itself
+            try await client.waitFor("the not-connected report with its reason") { events in
+                events.contains { event in
+                    if case .peerStateChanged(peer, .notConnected, let reason?) = event { return !reason.isEmpty }
+                    return false
                 }
             }
-            #expect(!reasons.isEmpty && reasons.allSatisfy { !($0.isEmpty) }, "a reason is given: \(reasons)")
         } catch {
             try? await BluetoothLab.hciconfig(0, ["up"])
             try? await BluetoothLab.hciconfig(0, ["piscan"])
