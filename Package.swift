@@ -30,6 +30,12 @@ let package = Package(
             pkgConfig: "bluez",
             providers: [.apt(["libbluetooth-dev"])]
         ),
+        // bluetoothd's API (discovery, adapter properties, SDP records) is D-Bus: libdbus-1.
+        .systemLibrary(
+            name: "CDBus",
+            pkgConfig: "dbus-1",
+            providers: [.apt(["libdbus-1-dev"])]
+        ),
 
         // Pure protocol logic: identity, validation, codecs, state machines. No C, no I/O.
         .target(
@@ -52,11 +58,11 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
-        // Bluetooth Classic: BlueZ kernel sockets and HCI (libbluetooth).
+        // Bluetooth Classic: BlueZ kernel sockets and HCI (libbluetooth), bluetoothd over D-Bus (libdbus-1).
         .target(
             name: "PeerLinkBluetooth",
             dependencies: [
-                "PeerLinkCore", "PeerLinkPosix", "CBlueZ",
+                "PeerLinkCore", "PeerLinkPosix", "CBlueZ", "CDBus",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict

@@ -2,7 +2,7 @@
 # setup.sh — idempotent installer of everything PeerLink needs on Debian / Ubuntu / Raspberry Pi OS.
 #
 # usage: Hardware/setup.sh [--tests]
-#   (no option)  build/run dependencies: libavahi-client-dev libbluetooth-dev avahi-daemon
+#   (no option)  build/run dependencies: libavahi-client-dev libbluetooth-dev libdbus-1-dev avahi-daemon
 #                avahi-utils dbus bluez iproute2 pkg-config, and a check that Swift 6.2+ is present
 #   --tests      also what the test suite needs: python3, tcpdump, ping, a Python with the `zeroconf`
 #                and `noiseprotocol` packages (system python3 if it already has them, otherwise a
@@ -34,7 +34,7 @@ done
 CACHE_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/peerlink
 VENV_DIR=$CACHE_DIR/venv
 
-BASE_PACKAGES="libavahi-client-dev libbluetooth-dev avahi-daemon avahi-utils dbus bluez iproute2 pkg-config"
+BASE_PACKAGES="libavahi-client-dev libbluetooth-dev libdbus-1-dev avahi-daemon avahi-utils dbus bluez iproute2 pkg-config"
 TEST_PACKAGES="python3 tcpdump iputils-ping"
 # The Bluetooth VM lab (QEMU guest with btvirt controllers, see ../shared/tools/btvm); x86_64 only.
 BTVM_PACKAGES="qemu-system-x86 linux-image-amd64 busybox-static bluez-test-tools cpio python3-dbus python3-gi"

@@ -22,6 +22,12 @@ public struct BluetoothAdapter: Hashable, Sendable, Codable {
     public var isDiscoverable: Bool
     public var rfkillSoftBlocked: Bool
     public var rfkillHardBlocked: Bool
+    /// bluetoothd's `Powered` (nil when bluetoothd does not run).
+    public var powered: Bool?
+    /// bluetoothd's `Discoverable` (nil when bluetoothd does not run).
+    public var discoverable: Bool?
+    /// bluetoothd's `Pairable` (nil when bluetoothd does not run).
+    public var pairable: Bool?
 
     public var isBlocked: Bool { rfkillSoftBlocked || rfkillHardBlocked }
 

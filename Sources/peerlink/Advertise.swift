@@ -1,11 +1,12 @@
 import ArgumentParser
 import Foundation
+import Logging
 import PeerLink
 
 struct Advertise: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Publish this peer on the LAN until interrupted.",
-        discussion: "Runs until SIGINT (Ctrl-C) or SIGTERM, then withdraws the advertisement and exits 0.")
+        abstract: "Publish this peer on the LAN and over Bluetooth until interrupted.",
+        discussion: "Runs until SIGINT (Ctrl-C) or SIGTERM, then withdraws the advertisements and exits 0. Over Bluetooth the advertisement is an SDP record registered with bluetoothd; with --transport auto (the default) a transport that is unavailable is one line on standard error and the other still advertises.")
 
     @Option(parsing: .unconditional, help: "The display name others see: 1 to 63 bytes of UTF-8.")
     var name: String
@@ -15,6 +16,18 @@ struct Advertise: AsyncParsableCommand {
 
     @Option(parsing: .unconditionalSingleValue, help: ArgumentHelp("Discovery info to publish; repeat for more entries.", valueName: "key=value"))
     var info: [String] = []
+
+    @Option(help: "Where to advertise: lan, bluetooth or auto (both).")
+    var transport: String = TransportSelection.auto.rawValue
+
+    @Option(help: "The Bluetooth adapter to advertise on (hciN; default: the first powered one).")
+    var adapter: String?
+
+    @Option(help: "The RFCOMM channel to listen on and advertise (1-30; 0: the first free one).")
+    var channel: Int = 0
+
+    @Option(help: "The L2CAP PSM to listen on and advertise (odd, e.g. 0x1001; 0: the first free dynamic one).")
+    var psm: String = "0"
 
     @OptionGroup var peer: PeerOptions
 
@@ -26,6 +39,18 @@ struct Advertise: AsyncParsableCommand {
         } catch {
             throw error.usageError
         }
+        guard TransportSelection(rawValue: transport) != nil else {
+            throw ArgumentParser.ValidationError("--transport must be lan, bluetooth or auto")
+        }
+        guard channel == 0 || RFCOMMChannel(channel) != nil else {
+            throw ArgumentParser.ValidationError("--channel must be an RFCOMM channel from 1 to 30, or 0 for the first free one")
+        }
+        guard psm == "0" || L2CAPPSM(psm) != nil else {
+            throw ArgumentParser.ValidationError("--psm must be a valid L2CAP PSM (odd low byte, even high byte, e.g. 0x1001), or 0 for the first free one")
+        }
+        if let adapter, !(adapter.hasPrefix("hci") && adapter.count > 3 && adapter.dropFirst(3).allSatisfy(\.isNumber)) {
+            throw ArgumentParser.ValidationError("--adapter must name an adapter as hciN (e.g. hci0); 'peerlink radios' lists them")
+        }
     }
 
     func run() async throws {
@@ -33,34 +58,67 @@ struct Advertise: AsyncParsableCommand {
         let displayName = try DisplayName(name)
         let serviceType = try ServiceType(service)
         let discoveryInfo = try DiscoveryInfo(arguments: info)
-        let advertiser: LANAdvertiser
-        let listener: TCPListener
+        let selection = TransportSelection(rawValue: transport)!
+        let identity: Identity
         do {
-            let identity = try peer.loadIdentity()
-            do {
-                listener = try TCPListener()
-            } catch {
-                throw PeerLinkError(.unavailable, "cannot listen for connections: \(error)")
-            }
-            advertiser = try LANAdvertiser(
-                identity: identity, displayName: displayName, serviceType: serviceType, info: discoveryInfo,
-                port: listener.port, logger: logger)
-        } catch let error as PeerLinkError {
+            identity = try peer.loadIdentity()
+        } catch {
             throw fail(error)
         }
-        printLine("Advertising \(displayName) (id \(advertiser.peer.fingerprint.grouped)) as \(serviceType.dnsSDType), port \(listener.port)")
+        var problems: [PeerLinkError] = []
+
+        var lan: (advertiser: LANAdvertiser, listener: TCPListener)?
+        if selection.usesLAN {
+            do {
+                let listener: TCPListener
+                do {
+                    listener = try TCPListener()
+                } catch {
+                    throw PeerLinkError(.unavailable, "cannot listen for connections: \(error)")
+                }
+                let advertiser = try LANAdvertiser(
+                    identity: identity, displayName: displayName, serviceType: serviceType, info: discoveryInfo,
+                    port: listener.port, logger: logger)
+                lan = (advertiser, listener)
+                printLine("Advertising \(displayName) (id \(advertiser.peer.fingerprint.grouped)) as \(serviceType.dnsSDType), port \(listener.port)")
+            } catch let error as PeerLinkError {
+                problems.append(error)
+                if selection == .auto { printError("peerlink: LAN skipped: \(error.message)") }
+            }
+        }
+        var bluetooth: (advertiser: BluetoothAdvertiser, sockets: BluetoothServiceSockets)?
+        if selection.usesBluetooth {
+            do {
+                let started = try startBluetooth(identity: identity, displayName: displayName, serviceType: serviceType, info: discoveryInfo, logger: logger)
+                bluetooth = started
+                printLine("Advertising \(displayName) (id \(started.advertiser.peer.fingerprint.grouped)) over Bluetooth on \(started.advertiser.adapter) \(started.advertiser.adapterAddress): SDP service class \(serviceType.bluetoothServiceClass), RFCOMM channel \(started.sockets.channel), L2CAP PSM \(started.sockets.psm)")
+            } catch {
+                problems.append(error)
+                if selection == .auto { printError("peerlink: Bluetooth skipped: \(error.message)") }
+            }
+        }
+        if lan == nil && bluetooth == nil, let problem = problems.last {
+            throw fail(problem)
+        }
         for (key, value) in discoveryInfo.entries.sorted(by: { $0.key < $1.key }) {
             printLine("  info \(key)=\(value)")
+        }
+        if bluetooth != nil && lan == nil {
+            printLine("Registered with bluetoothd. Press Ctrl-C to stop.")
         }
 
         // Connections are accepted and closed: until sessions arrive, this port only answers
         // browsers' liveness probes.
+        let lanListener = lan?.listener
+        let lanAdvertiser = lan?.advertiser
         let acceptor = Task {
+            guard let listener = lanListener else { return }
             while let connection = try? await listener.accept() {
                 connection.close()
             }
         }
         let watcher = Task {
+            guard let advertiser = lanAdvertiser else { return }
             for await event in advertiser.events {
                 switch event {
                 case .published(let instance):
@@ -75,10 +133,28 @@ struct Advertise: AsyncParsableCommand {
             }
         }
         let signal = await waitForTerminationSignal()
-        advertiser.stop()
-        listener.close()
+        lan?.advertiser.stop()
+        lan?.listener.close()
+        bluetooth?.advertiser.stop()
+        bluetooth?.sockets.close()
         watcher.cancel()
         acceptor.cancel()
         printLine("Withdrawn (\(signal == SIGINT ? "interrupted" : "terminated")).")
+    }
+
+    /// Listening sockets on the channel and PSM, and the SDP record pointing at them.
+    private func startBluetooth(
+        identity: Identity, displayName: DisplayName, serviceType: ServiceType, info: DiscoveryInfo, logger: Logger
+    ) throws(PeerLinkError) -> (advertiser: BluetoothAdvertiser, sockets: BluetoothServiceSockets) {
+        let sockets = try BluetoothServiceSockets(channel: UInt8(channel), psm: L2CAPPSM(psm)?.value ?? 0)
+        do {
+            let advertiser = try BluetoothAdvertiser(
+                identity: identity, displayName: displayName, serviceType: serviceType, info: info,
+                channel: sockets.channel, psm: sockets.psm, adapter: adapter, logger: logger)
+            return (advertiser, sockets)
+        } catch {
+            sockets.close()
+            throw error
+        }
     }
 }

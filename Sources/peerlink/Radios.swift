@@ -14,6 +14,9 @@ struct Radios: AsyncParsableCommand {
             var available: Bool
             var problem: String?
             var adapters: [BluetoothAdapter]
+            /// Whether bluetoothd answers on the system D-Bus (powered/discoverable/pairable come from it).
+            var bluetoothd: Bool
+            var bluetoothdProblem: String?
         }
         var interfaces: [NetworkInterface]
         var avahi: AvahiDaemonStatus
@@ -25,9 +28,10 @@ struct Radios: AsyncParsableCommand {
         let avahi = AvahiDaemonStatus.query()
         let bluetooth: Report.Bluetooth
         do {
-            bluetooth = Report.Bluetooth(available: true, problem: nil, adapters: try BluetoothAdapter.all())
+            let (adapters, daemonProblem) = try BluetoothAdapter.allWithDaemon()
+            bluetooth = Report.Bluetooth(available: true, problem: nil, adapters: adapters, bluetoothd: daemonProblem == nil, bluetoothdProblem: daemonProblem)
         } catch {
-            bluetooth = Report.Bluetooth(available: false, problem: error.message, adapters: [])
+            bluetooth = Report.Bluetooth(available: false, problem: error.message, adapters: [], bluetoothd: false, bluetoothdProblem: nil)
         }
         let report = Report(interfaces: interfaces, avahi: avahi, bluetooth: bluetooth)
         if json {
@@ -61,11 +65,18 @@ struct Radios: AsyncParsableCommand {
                 var state = [adapter.isUp ? "up" : "down"]
                 state.append([adapter.supportsBREDR ? "BR/EDR" : nil, adapter.supportsLE ? "LE" : nil].compactMap { $0 }.joined(separator: "+"))
                 if adapter.isConnectable { state.append("connectable") }
-                if adapter.isDiscoverable { state.append("discoverable") }
+                if adapter.isDiscoverable || adapter.discoverable == true { state.append("discoverable") }
                 if adapter.isBlocked { state.append("blocked") }
+                if let powered = adapter.powered { state.append(powered ? "powered" : "powered off") }
+                if adapter.pairable == true { state.append("pairable") }
                 let name = adapter.friendlyName.map { " \"\($0)\"" } ?? ""
                 printLine("  \(adapter.name)  \(adapter.address)\(name)  \(state.joined(separator: ", "))")
                 if let advice = adapter.unblockAdvice { printLine("    \(advice)") }
+            }
+            if let problem = bluetooth.bluetoothdProblem {
+                printLine("  bluetoothd: \(problem)")
+            } else {
+                printLine("  bluetoothd: running")
             }
         }
     }

@@ -5,13 +5,19 @@ import PeerLink
 struct Scan: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "List the peers found nearby within a time limit.",
-        discussion: "With neither --lan nor --bluetooth, scans the LAN.")
+        discussion: "With neither --lan nor --bluetooth (nor --transport), scans the LAN and Bluetooth; a transport that is unavailable is one line on standard error, the other's results are still shown.")
 
     @Flag(help: "Scan the LAN (DNS-SD through avahi-daemon).")
     var lan = false
 
-    @Flag(help: "Scan for Bluetooth devices.")
+    @Flag(help: "Scan for Bluetooth devices (bluetoothd discovery, else HCI inquiry) and their PeerLink SDP records.")
     var bluetooth = false
+
+    @Option(help: "Which transports to scan: lan, bluetooth or auto (both). The same as --lan, --bluetooth or neither.")
+    var transport: String?
+
+    @Option(help: "The Bluetooth adapter to scan with (hciN; default: the first powered one).")
+    var adapter: String?
 
     @Option(parsing: .unconditional, help: "The service type to look for.")
     var service: String = ServiceType.default.value
@@ -33,6 +39,15 @@ struct Scan: AsyncParsableCommand {
             _ = try ServiceType(service)
         } catch {
             throw error.usageError
+        }
+        if let transport, TransportSelection(rawValue: transport) == nil {
+            throw ArgumentParser.ValidationError("--transport must be lan, bluetooth or auto")
+        }
+        if transport != nil && (lan || bluetooth) {
+            throw ArgumentParser.ValidationError("use --transport or --lan/--bluetooth, not both")
+        }
+        if let adapter, !(adapter.hasPrefix("hci") && adapter.count > 3 && adapter.dropFirst(3).allSatisfy(\.isNumber)) {
+            throw ArgumentParser.ValidationError("--adapter must name an adapter as hciN (e.g. hci0); 'peerlink radios' lists them")
         }
         guard timeout > 0, timeout <= 3600 else {
             throw ArgumentParser.ValidationError("--timeout must be more than 0 and at most 3600 seconds")
@@ -71,46 +86,67 @@ struct Scan: AsyncParsableCommand {
         }
     }
 
+    /// What to scan, from --transport or the flags.
+    var selection: TransportSelection {
+        if let transport, let selection = TransportSelection(rawValue: transport) { return selection }
+        if lan && !bluetooth { return .lan }
+        if bluetooth && !lan { return .bluetooth }
+        return .auto
+    }
+
     func run() async throws {
         PeerLinkLogging.bootstrap(verbose: verbose)
-        if bluetooth {
-            var problem = PeerLinkError(.unsupported, "scanning for Bluetooth devices is not available in this version of peerlink; use 'peerlink scan --lan'")
-            do {
-                _ = try BluetoothAdapter.all()
-            } catch {
-                problem = error
-            }
-            // Asked for Bluetooth alone: that is the answer. Asked for both: say so and scan the LAN.
-            guard lan else { throw fail(problem) }
-            printError("peerlink: Bluetooth skipped: \(problem.message)")
-        }
+        let selection = selection
         let serviceType = try ServiceType(service)
-        let browser = LANBrowser(serviceType: serviceType)
-        let events: AsyncStream<DiscoveryEvent>
-        do {
-            events = try browser.events()
-        } catch {
-            throw fail(error)
-        }
-        if !json {
-            printError("Scanning the LAN for \(serviceType.dnsSDType) for \(Self.seconds(timeout))...")
-        }
+        let duration = Duration.milliseconds(Int(timeout * 1000))
         let watching = watch
         let jsonLines = json
-        let collector = Task { () -> [Fingerprint: DiscoveredPeer] in
-            var peers: [Fingerprint: DiscoveredPeer] = [:]
-            for await event in events {
-                switch event {
-                case .found(let peer), .updated(let peer): peers[peer.id.fingerprint] = peer
-                case .lost(let id): peers[id.fingerprint] = nil
-                }
-                if watching { Self.printWatched(event, json: jsonLines) }
+        let merged = MergedPeers(selection: selection, watching: watching, json: jsonLines)
+
+        var lanEvents: AsyncStream<DiscoveryEvent>?
+        var problems: [PeerLinkError] = []
+        if selection.usesLAN {
+            do {
+                lanEvents = try LANBrowser(serviceType: serviceType).events()
+            } catch {
+                problems.append(error)
+                if selection == .auto { printError("peerlink: LAN skipped: \(error.message)") }
             }
-            return peers
         }
-        try? await Task.sleep(for: .milliseconds(Int(timeout * 1000)))
-        collector.cancel()
-        let peers = await collector.value.values.sorted {
+        if !json {
+            let what = [selection.usesLAN && lanEvents != nil ? "the LAN for \(serviceType.dnsSDType)" : nil, selection.usesBluetooth ? "Bluetooth" : nil]
+                .compactMap { $0 }.joined(separator: " and ")
+            printError("Scanning \(what) for \(Self.seconds(timeout))...")
+        }
+        let lanStream = lanEvents
+        let lanTask = Task {
+            guard let lanStream else { return }
+            for await event in lanStream { merged.apply(event, from: "lan") }
+        }
+        var bluetoothEntries: [BluetoothScanEntry] = []
+        var bluetoothMethod: BluetoothScanner.Method?
+        if selection.usesBluetooth {
+            do {
+                let result = try await BluetoothScanner.scanForPeers(serviceType: serviceType, adapter: adapter, duration: duration)
+                bluetoothEntries = result.entries
+                bluetoothMethod = result.method
+                for peer in result.entries.compactMap(\.peer) { merged.apply(.found(peer), from: "bluetooth") }
+            } catch {
+                problems.append(error)
+                if selection == .auto { printError("peerlink: Bluetooth skipped: \(error.message)") }
+            }
+        }
+        // Asked for one transport alone, or both failed: that is the answer.
+        if problems.count == (selection == .auto ? 2 : 1), let problem = problems.last {
+            lanTask.cancel()
+            throw fail(problem)
+        }
+        if lanEvents != nil {
+            // The LAN browse runs for the whole timeout (the Bluetooth scan took about as long).
+            if !selection.usesBluetooth || bluetoothMethod == nil { try? await Task.sleep(for: duration) }
+        }
+        lanTask.cancel()
+        let peers = merged.peers.sorted {
             ($0.id.displayName, $0.id.fingerprint) < ($1.id.displayName, $1.id.fingerprint)
         }
         if watch { return }
@@ -120,6 +156,9 @@ struct Scan: AsyncParsableCommand {
             encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
             printLine(String(decoding: try encoder.encode(objects), as: UTF8.self))
             return
+        }
+        if let bluetoothMethod {
+            Self.printDevices(bluetoothEntries, method: bluetoothMethod)
         }
         if peers.isEmpty {
             printLine("No peers found.")
@@ -173,6 +212,30 @@ struct Scan: AsyncParsableCommand {
         }
     }
 
+    /// The Bluetooth devices seen, PeerLink peers marked with their name and id.
+    static func printDevices(_ entries: [BluetoothScanEntry], method: BluetoothScanner.Method) {
+        printLine("Bluetooth devices (\(method == .bluetoothd ? "bluetoothd discovery" : "HCI inquiry")): \(entries.count)")
+        let rows = entries.map { entry -> [String] in
+            let device = entry.device
+            let peerLink = entry.peer.map { "PeerLink \($0.id.displayName) \($0.id.fingerprint.grouped) \($0.endpoints.map(\.description).joined(separator: " "))" }
+            return [
+                device.address.description, device.name ?? "-",
+                device.deviceClass.map { "0x" + String($0, radix: 16) } ?? "-",
+                device.rssi.map { "\($0) dBm" } ?? "-",
+                peerLink ?? (entry.sdpProblem.map { "(SDP: \($0))" } ?? ""),
+            ]
+        }
+        guard !rows.isEmpty else { return }
+        let header = ["ADDRESS", "NAME", "CLASS", "RSSI", "PEERLINK"]
+        let widths = (0..<5).map { column in ([header] + rows).map { $0[column].count }.max() ?? 0 }
+        for row in [header] + rows {
+            let cells = row.enumerated().map { index, cell in
+                index == 4 ? cell : cell.padding(toLength: widths[index], withPad: " ", startingAt: 0)
+            }
+            printLine("  " + cells.joined(separator: "  ").trimmingTrailingSpaces())
+        }
+    }
+
     static func seconds(_ value: Double) -> String {
         value == value.rounded() ? "\(Int(value)) s" : "\(value) s"
     }
@@ -184,4 +247,25 @@ extension String {
         while text.last == " " { text.removeLast() }
         return text
     }
+}
+
+/// The scan's merged view of both transports, fed from the LAN task and the Bluetooth scan.
+final class MergedPeers: @unchecked Sendable {
+    private let lock = NSLock()
+    private var discovery: MergedDiscovery
+    private let watching: Bool
+    private let json: Bool
+
+    init(selection: TransportSelection, watching: Bool, json: Bool) {
+        discovery = MergedDiscovery(selection: selection)
+        self.watching = watching
+        self.json = json
+    }
+
+    func apply(_ event: DiscoveryEvent, from source: String) {
+        let events = lock.withLock { discovery.apply(event, from: source) }
+        if watching { for event in events { Scan.printWatched(event, json: json) } }
+    }
+
+    var peers: [DiscoveredPeer] { lock.withLock { discovery.peers } }
 }

@@ -1,0 +1,104 @@
+import Foundation
+import Logging
+import PeerLinkCore
+
+/// Publishes the local peer over Bluetooth: a PeerLink SDP record (``PeerLinkServiceRecord``)
+/// registered with bluetoothd through `org.bluez.ProfileManager1.RegisterProfile`.
+///
+/// The record points at the RFCOMM channel and L2CAP PSM where the caller listens; bluetoothd
+/// only serves the record (no `Channel` or `PSM` option is passed, so it never listens there
+/// itself). bluetoothd publishes a profile on every adapter; the chosen adapter is powered on
+/// and made discoverable so inquiries find it. ``stop()`` unregisters the record; bluetoothd
+/// also drops it when this process's D-Bus connection closes, even after `kill -9`.
+public final class BluetoothAdvertiser: @unchecked Sendable {
+    public let peer: PeerID
+    public let record: PeerLinkServiceRecord
+    /// The adapter made powered and discoverable (`hciN`) and its address.
+    public let adapter: String
+    public let adapterAddress: BluetoothAddress
+    private let connection: DBusConnection
+    private let profilePath: String
+    private let logger: Logger
+    private let lock = NSLock()
+    private var stopped = false
+
+    /// Registers the record. Throws `unavailable` when D-Bus or bluetoothd is not running, with
+    /// what to do; `invalidParameter` when there is neither a channel nor a PSM.
+    public init(
+        identity: Identity, displayName: DisplayName, serviceType: ServiceType, info: DiscoveryInfo = try! DiscoveryInfo(),
+        channel: RFCOMMChannel?, psm: L2CAPPSM?, adapter: String? = nil, logger: Logger = Logger(label: "peerlink.bluetooth")
+    ) throws(PeerLinkError) {
+        guard channel != nil || psm != nil else {
+            throw PeerLinkError(.invalidParameter, "a Bluetooth advertisement needs an RFCOMM channel or an L2CAP PSM to point at")
+        }
+        var tagged = logger
+        tagged[metadataKey: "transport"] = "bluetooth"
+        self.logger = tagged
+        peer = PeerID(identity: identity, displayName: displayName)
+        record = PeerLinkServiceRecord(
+            serviceType: serviceType, record: TXTRecord(fingerprint: identity.fingerprint, displayName: displayName.value, info: info),
+            channel: channel, psm: psm)
+        connection = try BlueZ.connect()
+        let chosen: BluetoothDaemonAdapter
+        do {
+            chosen = try BluetoothDaemon.chooseAdapter(adapter, on: connection)
+            try BluetoothDaemon.prepare(chosen, discoverable: true, on: connection)
+        } catch {
+            connection.close()
+            throw error
+        }
+        self.adapter = chosen.name
+        adapterAddress = BluetoothAddress(chosen.address) ?? .any
+        profilePath = "/org/peerlink/profile/\(serviceType.value.replacingOccurrences(of: "-", with: "_"))_\(UInt32.random(in: 0...UInt32.max))"
+        let log = self.logger
+        do {
+            try connection.export(path: profilePath) { call in
+                // bluetoothd listens on nothing for this profile, so NewConnection does not come;
+                // a descriptor handed over anyway is closed.
+                if call.member == "NewConnection" {
+                    for case .unixFD(let fd) in call.arguments.map(\.unwrapped) { _ = Foundation.close(fd) }
+                }
+                log.debug("profile call", metadata: ["member": "\(call.member)"])
+                return .success([])
+            }
+            let options: [String: DBusValue] = [
+                "ServiceRecord": .string(record.bluezXML),
+                "Name": .string("PeerLink \(serviceType.value)"),
+                "Role": .string("server"),
+                "RequireAuthentication": .bool(false),
+                "RequireAuthorization": .bool(false),
+                "AutoConnect": .bool(false),
+            ]
+            _ = try connection.call(
+                destination: BlueZ.service, path: "/org/bluez", interface: BlueZ.profileManagerInterface, method: "RegisterProfile",
+                [.objectPath(profilePath), .string(serviceType.bluetoothServiceClass.description), .properties(options)])
+        } catch {
+            connection.close()
+            throw BlueZ.map(error, doing: "registering the PeerLink SDP record")
+        }
+        tagged.info("registered SDP record", metadata: [
+            "uuid": "\(serviceType.bluetoothServiceClass)", "channel": "\(channel.map(\.description) ?? "-")",
+            "psm": "\(psm.map(\.description) ?? "-")", "adapter": "\(chosen.name)",
+        ])
+    }
+
+    /// Withdraws the record. Idempotent; also done when the advertiser is released.
+    public func stop() {
+        let first = lock.withLock { () -> Bool in
+            defer { stopped = true }
+            return !stopped
+        }
+        guard first else { return }
+        do {
+            _ = try connection.call(
+                destination: BlueZ.service, path: "/org/bluez", interface: BlueZ.profileManagerInterface, method: "UnregisterProfile",
+                [.objectPath(profilePath)], timeout: .seconds(5))
+        } catch {
+            logger.debug("UnregisterProfile failed (the record goes with the connection)", metadata: ["error": "\(error)"])
+        }
+        connection.unexport(path: profilePath)
+        connection.close()
+    }
+
+    deinit { stop() }
+}

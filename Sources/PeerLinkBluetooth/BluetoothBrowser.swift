@@ -1,0 +1,135 @@
+import Foundation
+import Logging
+import PeerLinkCore
+
+/// A device a Bluetooth scan found, with the PeerLink peer its SDP server publishes, if any.
+public struct BluetoothScanEntry: Hashable, Sendable {
+    public var device: BluetoothDevice
+    /// The PeerLink peer behind the device's record of the service type (nil: none, or the
+    /// SDP search failed: see `sdpProblem`).
+    public var peer: DiscoveredPeer?
+    public var sdpProblem: String?
+}
+
+extension BluetoothScanner {
+    /// Scans for devices, then asks each one's SDP server for a PeerLink record of `serviceType`.
+    public static func scanForPeers(
+        serviceType: ServiceType, adapter: String? = nil, duration: Duration, excluding: Set<Fingerprint> = [],
+        logger: Logger = Logger(label: "peerlink.bluetooth")
+    ) async throws(PeerLinkError) -> (entries: [BluetoothScanEntry], method: Method) {
+        let (devices, method, local) = try await scan(adapter: adapter, duration: duration, logger: logger)
+        let entries = await withTaskGroup(of: BluetoothScanEntry.self) { group in
+            for device in devices {
+                group.addTask {
+                    await lookUp(device, serviceType: serviceType, local: local, excluding: excluding, logger: logger)
+                }
+            }
+            var entries: [BluetoothScanEntry] = []
+            for await entry in group { entries.append(entry) }
+            return entries.sorted { $0.device.address < $1.device.address }
+        }
+        return (entries, method)
+    }
+
+    /// One device's PeerLink record, searched off the cooperative pool (the socket calls block).
+    static func lookUp(
+        _ device: BluetoothDevice, serviceType: ServiceType, local: BluetoothAddress, excluding: Set<Fingerprint>, logger: Logger
+    ) async -> BluetoothScanEntry {
+        let result = await Task.detached {
+            Result { () throws(PeerLinkError) -> [PeerLinkServiceRecord] in
+                try SDPClient.peerLinkRecords(at: device.address, from: local, serviceType: serviceType)
+            }
+        }.value
+        switch result {
+        case .success(let records):
+            guard let record = records.first(where: { !excluding.contains($0.record.fingerprint) }) else {
+                return BluetoothScanEntry(device: device, peer: nil, sdpProblem: nil)
+            }
+            let peer = DiscoveredPeer(
+                id: record.record.peerID, protocolVersion: record.record.version,
+                endpoints: record.endpoints(at: device.address), info: record.record.info)
+            return BluetoothScanEntry(device: device, peer: peer, sdpProblem: nil)
+        case .failure(let error):
+            logger.debug("SDP search failed", metadata: ["address": "\(device.address)", "error": "\(error.message)"])
+            return BluetoothScanEntry(device: device, peer: nil, sdpProblem: error.message)
+        }
+    }
+}
+
+/// Finds PeerLink peers over Bluetooth: scans in rounds (bluetoothd discovery, else HCI
+/// inquiry), searches each device's SDP server for the service type's record, and reports
+/// `found` / `updated` / `lost` like ``LANBrowser`` does, with `l2cap` and `rfcomm` endpoints.
+///
+/// An SDP answer proves the peer is there, so no further probe is made; a peer missing from
+/// `roundsBeforeLost` rounds in a row (its record withdrawn or the device gone) is lost.
+public final class BluetoothBrowser: Sendable {
+    public let serviceType: ServiceType
+    public let adapter: String?
+    public let roundDuration: Duration
+    public let roundsBeforeLost: Int
+    private let excluding: Set<Fingerprint>
+    private let logger: Logger
+
+    public init(
+        serviceType: ServiceType, adapter: String? = nil, roundDuration: Duration = .seconds(5), roundsBeforeLost: Int = 2,
+        excluding: Set<Fingerprint> = [], logger: Logger = Logger(label: "peerlink.bluetooth")
+    ) {
+        self.serviceType = serviceType
+        self.adapter = adapter
+        self.roundDuration = roundDuration
+        self.roundsBeforeLost = max(1, roundsBeforeLost)
+        self.excluding = excluding
+        var logger = logger
+        logger[metadataKey: "transport"] = "bluetooth"
+        self.logger = logger
+    }
+
+    /// Starts browsing. The first round runs before this returns, so a missing bluetoothd /
+    /// Bluetooth stack throws here (`unavailable`) rather than ending the sequence silently.
+    /// Browsing stops when the consumer stops iterating.
+    public func events() async throws(PeerLinkError) -> AsyncStream<DiscoveryEvent> {
+        let first = try await BluetoothScanner.scanForPeers(
+            serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger)
+        let (events, output) = AsyncStream<DiscoveryEvent>.makeStream()
+        let serviceType = serviceType, adapter = adapter, roundDuration = roundDuration
+        let roundsBeforeLost = roundsBeforeLost, excluding = excluding, logger = logger
+        let driver = Task {
+            var known: [Fingerprint: (peer: DiscoveredPeer, missed: Int)] = [:]
+            var round = first.entries
+            while !Task.isCancelled {
+                let present = Dictionary(round.compactMap(\.peer).map { ($0.id.fingerprint, $0) }, uniquingKeysWith: { a, _ in a })
+                for (fingerprint, peer) in present {
+                    if let previous = known[fingerprint] {
+                        if previous.peer != peer || previous.peer.id.displayName != peer.id.displayName { output.yield(.updated(peer)) }
+                    } else {
+                        output.yield(.found(peer))
+                    }
+                    known[fingerprint] = (peer, 0)
+                }
+                for (fingerprint, entry) in known where present[fingerprint] == nil {
+                    if entry.missed + 1 >= roundsBeforeLost {
+                        known[fingerprint] = nil
+                        output.yield(.lost(entry.peer.id))
+                    } else {
+                        known[fingerprint] = (entry.peer, entry.missed + 1)
+                    }
+                }
+                do {
+                    round = try await BluetoothScanner.scanForPeers(
+                        serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger
+                    ).entries
+                } catch let error as PeerLinkError {
+                    logger.warning("Bluetooth scan failed: \(error.message)")
+                    try? await Task.sleep(for: roundDuration)
+                    round = []
+                } catch {
+                    logger.warning("Bluetooth scan failed: \(error)")
+                    try? await Task.sleep(for: roundDuration)
+                    round = []
+                }
+            }
+        }
+        output.onTermination = { _ in driver.cancel() }
+        return events
+    }
+}
