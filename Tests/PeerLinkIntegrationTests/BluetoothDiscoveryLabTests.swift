@@ -1,0 +1,111 @@
+import Foundation
+import Testing
+
+/// Where the Bluetooth discovery tests run: the VM lab (`Hardware/bluetooth-lab.sh`), whose
+/// guest has two virtual controllers that see each other and bluetoothd on the system bus.
+enum DiscoveryLab {
+    static let enabled = TestHost.environment["PEERLINK_BLUETOOTH_LAB"] == "1" && TestHost.kernelHasBluetooth
+    static let reason = "runs in the Bluetooth VM lab only (Hardware/bluetooth-lab.sh sets PEERLINK_BLUETOOTH_LAB=1)"
+    /// The advertising side and the scanning side.
+    static let hci0 = TestHost.environment["BTVM_HCI0_ADDR"] ?? "00:AA:01:00:00:00"
+    static let sdptool = TestHost.which("sdptool") ?? "/usr/bin/sdptool"
+
+    /// `peerlink advertise` over Bluetooth on hci0, once its record is registered.
+    static func advertise(name: String, environment: [String: String] = [:]) async throws -> (child: ChildProcess, id: String, line: String) {
+        let child = try ChildProcess.peerlink(
+            ["advertise", "--transport", "bluetooth", "--adapter", "hci0", "--name", name, "--info", "room=lab"], environment: environment)
+        let line = try await child.waitForLine(containing: "over Bluetooth on hci0", timeout: .seconds(60))
+        return (child, try await child.advertisedID(), line)
+    }
+
+    /// The number after `label` in the advertise line (`RFCOMM channel 3`, `L2CAP PSM 0x1001`).
+    static func value(after label: String, in line: String) -> String? {
+        guard let range = line.range(of: label + " ") else { return nil }
+        return String(line[range.upperBound...].prefix { $0 != "," && $0 != " " })
+    }
+
+    /// `sdptool browse` of hci0 from hci1: what any BlueZ SDP client sees.
+    static func browse() async throws -> String {
+        try await runCommand(sdptool, ["-i", "hci1", "browse", hci0], timeout: .seconds(60)).stdout
+    }
+
+    static func scanJSON(environment: [String: String] = [:]) async throws -> (status: Int32, peers: [[String: Any]], stderr: String) {
+        let result = try await runPeerlink(["scan", "--bluetooth", "--adapter", "hci1", "--timeout", "5", "--json"], environment: environment, timeout: .seconds(120))
+        let peers = (try? JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [[String: Any]]) ?? []
+        return (result.status, peers, result.stderr + "\nstdout:\n" + result.stdout)
+    }
+}
+
+@Suite("Bluetooth discovery: SDP records through bluetoothd, scans from the other controller", .serialized, .enabled(if: DiscoveryLab.enabled, DiscoveryLab.reason))
+struct BluetoothDiscoveryLabTests {
+    @Test("scan from hci1 finds hci0 and recognises its PeerLink record (name, id, channel, PSM, info)", .timeLimit(.minutes(3)))
+    func scanFindsTheRecord() async throws {
+        let advertiser = try await DiscoveryLab.advertise(name: "Lab Alice")
+        defer { advertiser.child.terminate() }
+        let channel = try #require(DiscoveryLab.value(after: "RFCOMM channel", in: advertiser.line).flatMap { UInt8($0) })
+        let psmText = try #require(DiscoveryLab.value(after: "L2CAP PSM", in: advertiser.line))
+        let psm = try #require(UInt16(psmText.dropFirst(2), radix: 16))
+        let scan = try await DiscoveryLab.scanJSON()
+        #expect(scan.status == 0, "\(scan.stderr)")
+        let peer = try #require(scan.peers.first { $0["id"] as? String == advertiser.id }, "\(scan.stderr)")
+        #expect(peer["name"] as? String == "Lab Alice")
+        #expect(peer["info"] as? [String: String] == ["room": "lab"])
+        let endpoints = try #require(peer["endpoints"] as? [[String: Any]])
+        #expect(endpoints.contains { $0["transport"] as? String == "rfcomm" && $0["address"] as? String == DiscoveryLab.hci0 && $0["channel"] as? Int == Int(channel) }, "\(endpoints)")
+        #expect(endpoints.contains { $0["transport"] as? String == "l2cap" && $0["address"] as? String == DiscoveryLab.hci0 && $0["psm"] as? Int == Int(psm) }, "\(endpoints)")
+    }
+
+    @Test("advertise: a remote SDP browse (sdptool) sees the name, the service class and the channel", .timeLimit(.minutes(3)))
+    func sdptoolSeesTheRecord() async throws {
+        let advertiser = try await DiscoveryLab.advertise(name: "Lab Bob")
+        defer { advertiser.child.terminate() }
+        let channel = try #require(DiscoveryLab.value(after: "RFCOMM channel", in: advertiser.line))
+        let browse = try await DiscoveryLab.browse()
+        #expect(browse.contains("Service Name: Lab Bob"), "\(browse)")
+        #expect(browse.contains("UUID 128: dd2856df-0a46-51d0-8d71-15d5f8e44238"), "\(browse)")
+        #expect(browse.contains("Channel: \(channel)"), "\(browse)")
+    }
+
+    @Test("the record is withdrawn on SIGINT (exit 0) and when the process is killed", .timeLimit(.minutes(4)))
+    func withdrawnOnExit() async throws {
+        let polite = try await DiscoveryLab.advertise(name: "Lab Carol")
+        #expect(try await DiscoveryLab.browse().contains("Service Name: Lab Carol"))
+        polite.child.signal(SIGINT)
+        #expect(try await polite.child.waitForExit() == 0)
+        #expect(try await DiscoveryLab.browse().contains("Service Name: Lab Carol") == false)
+
+        // kill -9: bluetoothd drops the profile when the owner's D-Bus connection closes.
+        let rude = try await DiscoveryLab.advertise(name: "Lab Dave")
+        #expect(try await DiscoveryLab.browse().contains("Service Name: Lab Dave"))
+        rude.child.signal(SIGKILL)
+        _ = try await rude.child.waitForExit()
+        var gone = false
+        for _ in 0..<20 where !gone {
+            gone = try await !DiscoveryLab.browse().contains("Service Name: Lab Dave")
+            if !gone { try await Task.sleep(for: .milliseconds(500)) }
+        }
+        #expect(gone, "the record of a killed advertiser stayed registered")
+    }
+
+    @Test("without bluetoothd: advertise says so (exit 69); scan falls back to an HCI inquiry and still finds the record", .timeLimit(.minutes(3)))
+    func withoutBluetoothd() async throws {
+        let bus = try await PrivateBus()  // a system bus without bluetoothd, for the child processes only
+        let refused = try await runPeerlink(["advertise", "--transport", "bluetooth", "--name", "Lab Erin"], environment: ["DBUS_SYSTEM_BUS_ADDRESS": bus.address])
+        #expect(refused.status == 69, "\(refused.stderr)")
+        #expect(refused.stderr.contains("bluetoothd is not running"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("systemctl start bluetooth"), "\(refused.stderr)")
+        let noBus = try await runPeerlink(["advertise", "--transport", "bluetooth", "--name", "Lab Erin"], environment: ["DBUS_SYSTEM_BUS_ADDRESS": "unix:path=\(bus.directory)/none"])
+        #expect(noBus.status == 69, "\(noBus.stderr)")
+        #expect(noBus.stderr.contains("does not answer"), "\(noBus.stderr)")
+
+        let advertiser = try await DiscoveryLab.advertise(name: "Lab Frank")
+        defer { advertiser.child.terminate() }
+        let scan = try await DiscoveryLab.scanJSON(environment: ["DBUS_SYSTEM_BUS_ADDRESS": bus.address])
+        #expect(scan.status == 0, "\(scan.stderr)")
+        let peer = scan.peers.first { $0["id"] as? String == advertiser.id }
+        #expect(peer?["name"] as? String == "Lab Frank", "\(scan.stderr)")
+        // The human form names the method.
+        let text = try await runPeerlink(["scan", "--bluetooth", "--adapter", "hci1", "--timeout", "3"], environment: ["DBUS_SYSTEM_BUS_ADDRESS": bus.address], timeout: .seconds(120))
+        #expect(text.stdout.contains("HCI inquiry"), "\(text.stdout)\n\(text.stderr)")
+    }
+}
