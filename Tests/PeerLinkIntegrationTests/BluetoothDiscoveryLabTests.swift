@@ -5,7 +5,6 @@ import Testing
 /// guest has two virtual controllers that see each other and bluetoothd on the system bus.
 enum DiscoveryLab {
     static let enabled = TestHost.environment["PEERLINK_BLUETOOTH_LAB"] == "1" && TestHost.kernelHasBluetooth
-    static let reason = "runs in the Bluetooth VM lab only (Hardware/bluetooth-lab.sh sets PEERLINK_BLUETOOTH_LAB=1)"
     /// The advertising side and the scanning side.
     static let hci0 = TestHost.environment["BTVM_HCI0_ADDR"] ?? "00:AA:01:00:00:00"
     static let sdptool = TestHost.which("sdptool") ?? "/usr/bin/sdptool"
@@ -36,7 +35,7 @@ enum DiscoveryLab {
     }
 }
 
-@Suite("Bluetooth discovery: SDP records through bluetoothd, scans from the other controller", .serialized, .enabled(if: DiscoveryLab.enabled, DiscoveryLab.reason))
+@Suite("Bluetooth discovery: SDP records through bluetoothd, scans from the other controller", .serialized, .enabled(if: DiscoveryLab.enabled, "runs in the Bluetooth VM lab only (Hardware/bluetooth-lab.sh sets PEERLINK_BLUETOOTH_LAB=1)"))
 struct BluetoothDiscoveryLabTests {
     @Test("scan from hci1 finds hci0 and recognises its PeerLink record (name, id, channel, PSM, info)", .timeLimit(.minutes(3)))
     func scanFindsTheRecord() async throws {
