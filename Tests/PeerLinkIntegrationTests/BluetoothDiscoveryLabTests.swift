@@ -5,15 +5,32 @@ import Testing
 /// guest has two virtual controllers that see each other and bluetoothd on the system bus.
 enum DiscoveryLab {
     static let enabled = TestHost.environment["PEERLINK_BLUETOOTH_LAB"] == "1" && TestHost.kernelHasBluetooth
-    /// The advertising side and the scanning side.
-    static let hci0 = TestHost.environment["BTVM_HCI0_ADDR"] ?? "00:AA:01:00:00:00"
     static let sdptool = TestHost.which("sdptool") ?? "/usr/bin/sdptool"
+
+    /// The adapters bluetoothd manages (`peerlink radios --json` shows `powered` for them only).
+    static let managed: Set<String> = {
+        guard let radios = runSynchronously(TestHost.peerlinkBinary, ["radios", "--json"], timeout: .seconds(30)),
+            let object = try? JSONSerialization.jsonObject(with: Data(radios.stdout.utf8)) as? [String: Any],
+            let bluetooth = object["bluetooth"] as? [String: Any], let adapters = bluetooth["adapters"] as? [[String: Any]]
+        else { return [] }
+        return Set(adapters.filter { $0["powered"] != nil }.compactMap { $0["name"] as? String })
+    }()
+
+    /// The advertising side: hci0, or hci1 when bluetoothd did not take hci0 (under software
+    /// emulation on a loaded host it sometimes leaves one controller out); the scanner is the other.
+    static var advertiserAdapter: String { managed.contains("hci0") || !managed.contains("hci1") ? "hci0" : "hci1" }
+    static var scannerAdapter: String { advertiserAdapter == "hci0" ? "hci1" : "hci0" }
+    static var advertiserAddress: String {
+        TestHost.environment[advertiserAdapter == "hci0" ? "BTVM_HCI0_ADDR" : "BTVM_HCI1_ADDR"] ?? (advertiserAdapter == "hci0" ? "00:AA:01:00:00:00" : "00:AA:01:01:00:01")
+    }
+    /// A scanner adapter bluetoothd does not manage scans with an HCI inquiry (a bus without bluetoothd).
+    static var scannerUsesBluetoothd: Bool { managed.contains(scannerAdapter) }
 
     /// `peerlink advertise` over Bluetooth on hci0, once its record is registered.
     static func advertise(name: String, environment: [String: String] = [:]) async throws -> (child: ChildProcess, id: String, line: String) {
         let child = try ChildProcess.peerlink(
-            ["advertise", "--transport", "bluetooth", "--adapter", "hci0", "--name", name, "--info", "room=lab"], environment: environment)
-        let line = try await child.waitForLine(containing: "over Bluetooth on hci0", timeout: .seconds(60))
+            ["advertise", "--transport", "bluetooth", "--adapter", advertiserAdapter, "--name", name, "--info", "room=lab"], environment: environment)
+        let line = try await child.waitForLine(containing: "over Bluetooth on \(advertiserAdapter)", timeout: .seconds(60))
         return (child, try await child.advertisedID(), line)
     }
 
@@ -23,13 +40,20 @@ enum DiscoveryLab {
         return String(line[range.upperBound...].prefix { $0 != "," && $0 != " " })
     }
 
-    /// `sdptool browse` of hci0 from hci1: what any BlueZ SDP client sees.
+    /// `sdptool browse` of the advertiser from the scanner: what any BlueZ SDP client sees.
     static func browse() async throws -> String {
-        try await runCommand(sdptool, ["-i", "hci1", "browse", hci0], timeout: .seconds(60)).stdout
+        try await runCommand(sdptool, ["-i", scannerAdapter, "browse", advertiserAddress], timeout: .seconds(60)).stdout
     }
 
     static func scanJSON(environment: [String: String] = [:]) async throws -> (status: Int32, peers: [[String: Any]], stderr: String) {
-        let result = try await runPeerlink(["scan", "--bluetooth", "--adapter", "hci1", "--timeout", "5", "--json"], environment: environment, timeout: .seconds(120))
+        var environment = environment
+        var bus: PrivateBus?
+        if !scannerUsesBluetoothd && environment["DBUS_SYSTEM_BUS_ADDRESS"] == nil {
+            bus = try await PrivateBus()
+            environment["DBUS_SYSTEM_BUS_ADDRESS"] = bus?.address
+        }
+        defer { _ = bus }
+        let result = try await runPeerlink(["scan", "--bluetooth", "--adapter", scannerAdapter, "--timeout", "5", "--json"], environment: environment, timeout: .seconds(120))
         let peers = (try? JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [[String: Any]]) ?? []
         return (result.status, peers, result.stderr + "\nstdout:\n" + result.stdout)
     }
@@ -37,7 +61,7 @@ enum DiscoveryLab {
 
 @Suite("Bluetooth discovery: SDP records through bluetoothd, scans from the other controller", .serialized, .enabled(if: DiscoveryLab.enabled, "runs in the Bluetooth VM lab only (Hardware/bluetooth-lab.sh sets PEERLINK_BLUETOOTH_LAB=1)"))
 struct BluetoothDiscoveryLabTests {
-    @Test("scan from hci1 finds hci0 and recognises its PeerLink record (name, id, channel, PSM, info)", .timeLimit(.minutes(3)))
+    @Test("scan from one controller finds the other and recognises its PeerLink record (name, id, channel, PSM, info)", .timeLimit(.minutes(3)))
     func scanFindsTheRecord() async throws {
         let advertiser = try await DiscoveryLab.advertise(name: "Lab Alice")
         defer { advertiser.child.terminate() }
@@ -50,8 +74,8 @@ struct BluetoothDiscoveryLabTests {
         #expect(peer["name"] as? String == "Lab Alice")
         #expect(peer["info"] as? [String: String] == ["room": "lab"])
         let endpoints = try #require(peer["endpoints"] as? [[String: Any]])
-        #expect(endpoints.contains { $0["transport"] as? String == "rfcomm" && $0["address"] as? String == DiscoveryLab.hci0 && $0["channel"] as? Int == Int(channel) }, "\(endpoints)")
-        #expect(endpoints.contains { $0["transport"] as? String == "l2cap" && $0["address"] as? String == DiscoveryLab.hci0 && $0["psm"] as? Int == Int(psm) }, "\(endpoints)")
+        #expect(endpoints.contains { $0["transport"] as? String == "rfcomm" && $0["address"] as? String == DiscoveryLab.advertiserAddress && $0["channel"] as? Int == Int(channel) }, "\(endpoints)")
+        #expect(endpoints.contains { $0["transport"] as? String == "l2cap" && $0["address"] as? String == DiscoveryLab.advertiserAddress && $0["psm"] as? Int == Int(psm) }, "\(endpoints)")
     }
 
     @Test("advertise: a remote SDP browse (sdptool) sees the name, the service class and the channel", .timeLimit(.minutes(3)))
@@ -104,7 +128,7 @@ struct BluetoothDiscoveryLabTests {
         let peer = scan.peers.first { $0["id"] as? String == advertiser.id }
         #expect(peer?["name"] as? String == "Lab Frank", "\(scan.stderr)")
         // The human form names the method.
-        let text = try await runPeerlink(["scan", "--bluetooth", "--adapter", "hci1", "--timeout", "3"], environment: ["DBUS_SYSTEM_BUS_ADDRESS": bus.address], timeout: .seconds(120))
+        let text = try await runPeerlink(["scan", "--bluetooth", "--adapter", DiscoveryLab.scannerAdapter, "--timeout", "3"], environment: ["DBUS_SYSTEM_BUS_ADDRESS": bus.address], timeout: .seconds(120))
         #expect(text.stdout.contains("HCI inquiry"), "\(text.stdout)\n\(text.stderr)")
     }
 }
