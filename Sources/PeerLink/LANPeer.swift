@@ -28,6 +28,9 @@ public final class LANPeer: Sendable {
     public let advertiser: LANAdvertiser?
     public let browser: LANBrowser
     public let listener: TCPTransportListener
+    /// Where the browser's events go (as source `lan`): other browsers, such as a
+    /// ``PeerLinkBluetooth/BluetoothBrowser``, feed it too, so the session sees one peer per identity.
+    public let feed: DiscoveryFeed
     private let logger: Logger
 
     /// - Parameters:
@@ -71,6 +74,7 @@ public final class LANPeer: Sendable {
         session = PeerSession(
             configuration: configuration, transports: [TCPTransport()] + transports, listeners: [listener] + listeners,
             logger: logger)
+        feed = DiscoveryFeed(session: session)
     }
 
     /// Runs the session and feeds it what the browser finds, until the task is cancelled or the
@@ -86,7 +90,7 @@ public final class LANPeer: Sendable {
             group.addTask {
                 do throws(PeerLinkError) {
                     for await event in try self.browser.events() {
-                        self.session.discovered(event)
+                        self.feed.apply(event, from: "lan")
                     }
                 } catch {
                     self.logger.info(

@@ -35,6 +35,9 @@ enum BlueZ {
     /// What a bluetoothd error means for the user, `doing` saying what was attempted.
     static func map(_ error: DBusCallError, doing: String) -> PeerLinkError {
         let detail = error.message.isEmpty ? error.name : error.message
+        if error.message.localizedCaseInsensitiveContains("already registered") || error.name == "org.bluez.Error.AlreadyExists" {
+            return PeerLinkError(.unavailable, "\(doing): bluetoothd already has it (\(detail)): another PeerLink process with this identity advertises this service type on this machine; stop it, or use another --identity or --service")
+        }
         switch error.name {
         case DBusCallError.serviceUnknown, DBusCallError.nameHasNoOwner:
             return PeerLinkError(.unavailable, "bluetoothd is not running (\(doing) failed: \(detail)): \(startAdvice)")
@@ -48,8 +51,6 @@ enum BlueZ {
             return PeerLinkError(.unavailable, "the Bluetooth adapter is not ready (\(doing): \(detail)): power it on with 'bluetoothctl power on' and check 'rfkill list'")
         case "org.bluez.Error.Blocked", "org.bluez.Error.Busy":
             return PeerLinkError(.unavailable, "the Bluetooth adapter is blocked or busy (\(doing): \(detail)): check 'rfkill list' ('rfkill unblock bluetooth')")
-        case "org.bluez.Error.AlreadyExists":
-            return PeerLinkError(.unavailable, "\(doing): bluetoothd already has this (\(detail)): another PeerLink process advertises the same service type; stop it or use another --service")
         case "org.bluez.Error.InProgress":
             return PeerLinkError(.unavailable, "\(doing): another operation is in progress (\(detail)); try again in a moment")
         case "org.bluez.Error.InvalidArguments":

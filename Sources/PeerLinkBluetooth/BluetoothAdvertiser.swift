@@ -5,6 +5,10 @@ import PeerLinkCore
 /// Publishes the local peer over Bluetooth: a PeerLink SDP record (``PeerLinkServiceRecord``)
 /// registered with bluetoothd through `org.bluez.ProfileManager1.RegisterProfile`.
 ///
+/// bluetoothd registers each profile UUID once per machine; the profile UUID PeerLink passes is
+/// derived from the service class and the identity, so several peers (different identities) can
+/// advertise the same service type on one machine, and the same identity twice is refused.
+///
 /// The record points at the RFCOMM channel and L2CAP PSM where the caller listens; bluetoothd
 /// only serves the record (no `Channel` or `PSM` option is passed, so it never listens there
 /// itself). bluetoothd publishes a profile on every adapter; the chosen adapter is powered on
@@ -69,9 +73,13 @@ public final class BluetoothAdvertiser: @unchecked Sendable {
                 "RequireAuthorization": .bool(false),
                 "AutoConnect": .bool(false),
             ]
+            // bluetoothd keys profiles by this UUID and takes each one once per machine; the
+            // record itself (ServiceRecord) carries the service class. A UUID per service type
+            // and identity lets several PeerLink peers share one machine's bluetoothd.
+            let profileUUID = BluetoothUUID(version5Namespace: serviceType.bluetoothServiceClass, name: identity.fingerprint.value)
             _ = try connection.call(
                 destination: BlueZ.service, path: "/org/bluez", interface: BlueZ.profileManagerInterface, method: "RegisterProfile",
-                [.objectPath(profilePath), .string(serviceType.bluetoothServiceClass.description), .properties(options)])
+                [.objectPath(profilePath), .string(profileUUID.description), .properties(options)])
         } catch {
             connection.close()
             throw BlueZ.map(error, doing: "registering the PeerLink SDP record")

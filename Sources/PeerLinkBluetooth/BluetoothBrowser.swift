@@ -5,9 +5,10 @@ import PeerLinkCore
 /// A device a Bluetooth scan found, with the PeerLink peer its SDP server publishes, if any.
 public struct BluetoothScanEntry: Hashable, Sendable {
     public var device: BluetoothDevice
-    /// The PeerLink peer behind the device's record of the service type (nil: none, or the
-    /// SDP search failed: see `sdpProblem`).
-    public var peer: DiscoveredPeer?
+    /// The PeerLink peers behind the device's records of the service type (several when
+    /// several peers share the device's bluetoothd; none when it has none, or the SDP search
+    /// failed: see `sdpProblem`).
+    public var peers: [DiscoveredPeer]
     public var sdpProblem: String?
 }
 
@@ -42,16 +43,15 @@ extension BluetoothScanner {
         }.value
         switch result {
         case .success(let records):
-            guard let record = records.first(where: { !excluding.contains($0.record.fingerprint) }) else {
-                return BluetoothScanEntry(device: device, peer: nil, sdpProblem: nil)
+            let peers = records.filter { !excluding.contains($0.record.fingerprint) }.map { record in
+                DiscoveredPeer(
+                    id: record.record.peerID, protocolVersion: record.record.version,
+                    endpoints: record.endpoints(at: device.address), info: record.record.info)
             }
-            let peer = DiscoveredPeer(
-                id: record.record.peerID, protocolVersion: record.record.version,
-                endpoints: record.endpoints(at: device.address), info: record.record.info)
-            return BluetoothScanEntry(device: device, peer: peer, sdpProblem: nil)
+            return BluetoothScanEntry(device: device, peers: peers, sdpProblem: nil)
         case .failure(let error):
             logger.debug("SDP search failed", metadata: ["address": "\(device.address)", "error": "\(error.message)"])
-            return BluetoothScanEntry(device: device, peer: nil, sdpProblem: error.message)
+            return BluetoothScanEntry(device: device, peers: [], sdpProblem: error.message)
         }
     }
 }
@@ -97,7 +97,7 @@ public final class BluetoothBrowser: Sendable {
             var known: [Fingerprint: (peer: DiscoveredPeer, missed: Int)] = [:]
             var round = first.entries
             while !Task.isCancelled {
-                let present = Dictionary(round.compactMap(\.peer).map { ($0.id.fingerprint, $0) }, uniquingKeysWith: { a, _ in a })
+                let present = Dictionary(round.flatMap(\.peers).map { ($0.id.fingerprint, $0) }, uniquingKeysWith: { a, _ in a })
                 for (fingerprint, peer) in present {
                     if let previous = known[fingerprint] {
                         if previous.peer != peer || previous.peer.id.displayName != peer.id.displayName { output.yield(.updated(peer)) }

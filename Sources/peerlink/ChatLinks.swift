@@ -20,15 +20,26 @@ struct ChatLinkOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Listen for L2CAP links on this PSM, 0x1001 and up, odd (default: a free one).", valueName: "psm"))
     var l2capPsm: String?
 
+    @Option(help: ArgumentHelp(
+        "Discovery: lan (the default), bluetooth (an SDP record through bluetoothd and Bluetooth scans), or auto (both; LAN endpoints are dialled first).",
+        valueName: "lan|bluetooth|auto"))
+    var transport: String?
+
+    /// The transports to discover peers on.
+    var selection: TransportSelection { transport.flatMap(TransportSelection.init(rawValue:)) ?? .lan }
+
     /// The endpoint of `--connect`, parsed.
     var endpoint: Endpoint? { connect.flatMap { try? Endpoint(parsing: $0) } }
 
     /// Whether any option asks for Bluetooth links.
     var wantsBluetooth: Bool {
-        adapter != nil || rfcommChannel != nil || l2capPsm != nil || endpoint?.isBluetooth == true
+        adapter != nil || rfcommChannel != nil || l2capPsm != nil || endpoint?.isBluetooth == true || selection.usesBluetooth
     }
 
     func validate() throws {
+        if let transport, TransportSelection(rawValue: transport) == nil {
+            throw ArgumentParser.ValidationError("--transport must be lan, bluetooth or auto, not '\(transport)'")
+        }
         if let connect {
             do {
                 _ = try Endpoint(parsing: connect)
@@ -107,22 +118,34 @@ struct ChatLinkOptions: ParsableArguments {
 /// or, when avahi-daemon is not running but Bluetooth links were asked for, a session on those
 /// links alone.
 enum ChatNode: Sendable {
-    case lan(LANPeer)
-    case links(PeerSession)
+    case lan(LANPeer, ChatBluetoothDiscovery?)
+    case links(PeerSession, ChatBluetoothDiscovery?)
 
     var session: PeerSession {
         switch self {
-        case .lan(let node): return node.session
-        case .links(let session): return session
+        case .lan(let node, _): return node.session
+        case .links(let session, _): return session
         }
     }
 
     func run() async {
         switch self {
-        case .lan(let node):
-            await node.run()
-        case .links(let session):
-            await session.run()
+        case .lan(let node, let bluetooth):
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { await node.run() }
+                if let bluetooth { group.addTask { await bluetooth.run(feed: node.feed) } }
+                await group.next()
+                group.cancelAll()
+            }
+            bluetooth?.stop()
+        case .links(let session, let bluetooth):
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { await session.run() }
+                if let bluetooth { group.addTask { await bluetooth.run(feed: DiscoveryFeed(session: session, selection: .bluetooth)) } }
+                await group.next()
+                group.cancelAll()
+            }
+            bluetooth?.stop()
             for listener in session.listeners { listener.close() }
         }
     }
@@ -133,21 +156,34 @@ enum ChatNode: Sendable {
     ) throws(PeerLinkError) -> ChatNode {
         var transports: [any Transport] = []
         var listeners: [any TransportListener] = []
+        var discovery: ChatBluetoothDiscovery?
         if links.wantsBluetooth {
             let bluetooth = try links.bluetoothLinks()
             transports = [bluetooth.transport]
             listeners = bluetooth.listeners
             let endpoints = bluetooth.listeners.flatMap(\.localEndpoints).map(\.description).joined(separator: " and ")
             console.status("Listening on \(bluetooth.adapter.name): \(endpoints)")
+            if links.selection.usesBluetooth {
+                do {
+                    discovery = try ChatBluetoothDiscovery(
+                        configuration: configuration, adapter: bluetooth.adapter.name, listeners: bluetooth.listeners, logger: logger)
+                    console.status("Advertising over Bluetooth (SDP record through bluetoothd) and scanning for peers")
+                } catch {
+                    // The links still work: peers can connect with --connect.
+                    console.warning("peerlink: Bluetooth discovery is off: \(error.message)")
+                }
+            }
         }
-        do {
-            return .lan(try LANPeer(configuration: configuration, transports: transports, listeners: listeners, logger: logger))
+        do throws(PeerLinkError) {
+            guard links.selection.usesLAN else { throw PeerLinkError(.unavailable, "--transport bluetooth") }
+            return .lan(try LANPeer(configuration: configuration, transports: transports, listeners: listeners, logger: logger), discovery)
         } catch where error.code == .unavailable && !listeners.isEmpty {
-            console.status("LAN discovery is off (\(error.message)); Bluetooth links only")
+            if links.selection.usesLAN { console.status("LAN discovery is off (\(error.message)); Bluetooth links only") }
             let session = PeerSession(
                 configuration: configuration, transports: [TCPTransport()] + transports, listeners: listeners, logger: logger)
-            return .links(session)
+            return .links(session, discovery)
         } catch {
+            discovery?.stop()
             for listener in listeners { listener.close() }
             throw error
         }
@@ -176,4 +212,36 @@ enum ChatNode: Sendable {
         console.warning("peerlink: cannot connect to \(endpoint): the session did not start")
         return 1
     }
+}
+
+/// Chat's Bluetooth discovery: an SDP record for its RFCOMM and L2CAP listeners, and a
+/// ``BluetoothBrowser`` whose peers go into the session's ``DiscoveryFeed`` as source `bluetooth`.
+final class ChatBluetoothDiscovery: Sendable {
+    let advertiser: BluetoothAdvertiser
+    let browser: BluetoothBrowser
+    private let logger: Logger
+
+    init(configuration: PeerSessionConfiguration, adapter: String, listeners: [BluetoothTransportListener], logger: Logger) throws(PeerLinkError) {
+        let channel = listeners.first { $0.kind == .rfcomm }.flatMap { RFCOMMChannel(Int($0.port)) }
+        let psm = listeners.first { $0.kind == .l2cap }.flatMap { L2CAPPSM(Int($0.port)) }
+        advertiser = try BluetoothAdvertiser(
+            identity: configuration.identity, displayName: configuration.displayName, serviceType: configuration.serviceType,
+            channel: channel, psm: psm, adapter: adapter, logger: logger)
+        browser = BluetoothBrowser(
+            serviceType: configuration.serviceType, adapter: adapter, excluding: [configuration.identity.fingerprint], logger: logger)
+        self.logger = logger
+    }
+
+    /// Browses until cancelled, feeding the session.
+    func run(feed: DiscoveryFeed) async {
+        do {
+            for await event in try await browser.events() {
+                feed.apply(event, from: "bluetooth")
+            }
+        } catch {
+            logger.warning("Bluetooth browsing stopped: \(error.message)")
+        }
+    }
+
+    func stop() { advertiser.stop() }
 }

@@ -130,7 +130,7 @@ struct Scan: AsyncParsableCommand {
                 let result = try await BluetoothScanner.scanForPeers(serviceType: serviceType, adapter: adapter, duration: duration)
                 bluetoothEntries = result.entries
                 bluetoothMethod = result.method
-                for peer in result.entries.compactMap(\.peer) { merged.apply(.found(peer), from: "bluetooth") }
+                for peer in result.entries.flatMap(\.peers) { merged.apply(.found(peer), from: "bluetooth") }
             } catch {
                 problems.append(error)
                 if selection == .auto { printError("peerlink: Bluetooth skipped: \(error.message)") }
@@ -217,7 +217,7 @@ struct Scan: AsyncParsableCommand {
         printLine("Bluetooth devices (\(method == .bluetoothd ? "bluetoothd discovery" : "HCI inquiry")): \(entries.count)")
         let rows = entries.map { entry -> [String] in
             let device = entry.device
-            let peerLink = entry.peer.map { "PeerLink \($0.id.displayName) \($0.id.fingerprint.grouped) \($0.endpoints.map(\.description).joined(separator: " "))" }
+            let peerLink = entry.peers.isEmpty ? nil : entry.peers.map { "PeerLink \($0.id.displayName) \($0.id.fingerprint.grouped) \($0.endpoints.map(\.description).joined(separator: " "))" }.joined(separator: "; ")
             return [
                 device.address.description, device.name ?? "-",
                 device.deviceClass.map { "0x" + String($0, radix: 16) } ?? "-",

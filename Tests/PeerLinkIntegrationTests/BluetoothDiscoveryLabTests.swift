@@ -131,4 +131,16 @@ struct BluetoothDiscoveryLabTests {
         let text = try await runPeerlink(["scan", "--bluetooth", "--adapter", DiscoveryLab.scannerAdapter, "--timeout", "3"], environment: ["DBUS_SYSTEM_BUS_ADDRESS": bus.address], timeout: .seconds(120))
         #expect(text.stdout.contains("HCI inquiry"), "\(text.stdout)\n\(text.stderr)")
     }
+
+    @Test("two peers (two identities) advertise the same service type through one bluetoothd; a scan finds both", .timeLimit(.minutes(3)))
+    func twoPeersOnOneMachine() async throws {
+        let first = try await DiscoveryLab.advertise(name: "Lab Gina")
+        defer { first.child.terminate() }
+        let second = try await DiscoveryLab.advertise(name: "Lab Hugo")
+        defer { second.child.terminate() }
+        let scan = try await DiscoveryLab.scanJSON()
+        #expect(scan.status == 0, "\(scan.stderr)")
+        let ids = Set(scan.peers.compactMap { $0["id"] as? String })
+        #expect(ids.isSuperset(of: [first.id, second.id]), "\(scan.stderr)")
+    }
 }
