@@ -3,7 +3,7 @@ import PeerLinkCore
 @testable import PeerLinkBluetooth
 import Testing
 
-@Suite("D-Bus client (libdbus-1) against a real dbus-daemon", .enabled(if: TestHost.which("dbus-daemon") != nil, "dbus-daemon is not installed (apt-get install dbus)"))
+@Suite("D-Bus client (libdbus-1) against a real dbus-daemon", .serialized, .enabled(if: TestHost.which("dbus-daemon") != nil, "dbus-daemon is not installed (apt-get install dbus)"))
 struct DBusTests {
     @Test func callsTheBusAndReadsItsProperties() async throws {
         let bus = try await PrivateBus()
