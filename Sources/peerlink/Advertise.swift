@@ -86,12 +86,12 @@ struct Advertise: AsyncParsableCommand {
                 if selection == .auto { printError("peerlink: LAN skipped: \(error.message)") }
             }
         }
-        var bluetooth: (advertiser: BluetoothAdvertiser, sockets: BluetoothServiceSockets)?
+        var bluetooth: (advertiser: BluetoothAdvertiser, listeners: [BluetoothTransportListener])?
         if selection.usesBluetooth {
             do {
                 let started = try startBluetooth(identity: identity, displayName: displayName, serviceType: serviceType, info: discoveryInfo, logger: logger)
                 bluetooth = started
-                printLine("Advertising \(displayName) (id \(started.advertiser.peer.fingerprint.grouped)) over Bluetooth on \(started.advertiser.adapter) \(started.advertiser.adapterAddress): SDP service class \(serviceType.bluetoothServiceClass), RFCOMM channel \(started.sockets.channel), L2CAP PSM \(started.sockets.psm)")
+                printLine("Advertising \(displayName) (id \(started.advertiser.peer.fingerprint.grouped)) over Bluetooth on \(started.advertiser.adapter) \(started.advertiser.adapterAddress): SDP service class \(serviceType.bluetoothServiceClass), RFCOMM channel \(started.advertiser.record.channel.map(\.description) ?? "-"), L2CAP PSM \(started.advertiser.record.psm.map(\.description) ?? "-")")
             } catch {
                 problems.append(error)
                 if selection == .auto { printError("peerlink: Bluetooth skipped: \(error.message)") }
@@ -136,24 +136,33 @@ struct Advertise: AsyncParsableCommand {
         lan?.advertiser.stop()
         lan?.listener.close()
         bluetooth?.advertiser.stop()
-        bluetooth?.sockets.close()
+        for listener in bluetooth?.listeners ?? [] { listener.close() }
         watcher.cancel()
         acceptor.cancel()
         printLine("Withdrawn (\(signal == SIGINT ? "interrupted" : "terminated")).")
     }
 
-    /// Listening sockets on the channel and PSM, and the SDP record pointing at them.
+    /// Listeners on the channel and PSM (the kernel's pick for 0), each connection accepted and
+    /// closed like the TCP port's, and the SDP record pointing at them.
     private func startBluetooth(
         identity: Identity, displayName: DisplayName, serviceType: ServiceType, info: DiscoveryInfo, logger: Logger
-    ) throws(PeerLinkError) -> (advertiser: BluetoothAdvertiser, sockets: BluetoothServiceSockets) {
-        let sockets = try BluetoothServiceSockets(channel: UInt8(channel), psm: L2CAPPSM(psm)?.value ?? 0)
-        do {
+    ) throws(PeerLinkError) -> (advertiser: BluetoothAdvertiser, listeners: [BluetoothTransportListener]) {
+        let rfcomm = try BluetoothTransportListener(.rfcomm, port: UInt16(channel))
+        var listeners = [rfcomm]
+        do throws(PeerLinkError) {
+            let l2cap = try BluetoothTransportListener(.l2cap, port: L2CAPPSM(psm)?.value ?? 0)
+            listeners.append(l2cap)
             let advertiser = try BluetoothAdvertiser(
                 identity: identity, displayName: displayName, serviceType: serviceType, info: info,
-                channel: sockets.channel, psm: sockets.psm, adapter: adapter, logger: logger)
-            return (advertiser, sockets)
+                channel: RFCOMMChannel(Int(rfcomm.port)), psm: L2CAPPSM(Int(l2cap.port)), adapter: adapter, logger: logger)
+            for listener in listeners {
+                Task {
+                    while let link = try? await listener.accept() { link.close() }
+                }
+            }
+            return (advertiser, listeners)
         } catch {
-            sockets.close()
+            for listener in listeners { listener.close() }
             throw error
         }
     }
