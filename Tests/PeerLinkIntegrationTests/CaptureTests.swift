@@ -73,11 +73,14 @@ struct CaptureTests {
         // Bounded by timeout(1) even if this test dies; -Z root: root writes the file, in a
         // directory only root may write to; --immediate-mode: packets reach tcpdump as they come
         // (not a ring buffer block later: a SIGINT would drop what still waits there); -U: each
-        // packet is written to the file as it comes.
+        // packet is written to the file as it comes; -s 8192 -B 16384: in immediate mode every slot
+        // of the kernel's ring is one snapshot long, so the default (256 KiB snapshots in a 2 MiB
+        // ring: 8 slots) dropped packets whenever tcpdump waited for a CPU; a chat's packets are
+        // far smaller than 8 KiB, and 16 MiB hold 2048 of them.
         let tcpdump = try ChildProcess(
             TestHost.which("timeout")!,
             [
-                "-s", "INT", "90", TestHost.which("tcpdump")!, "-i", "lo", "-n", "--immediate-mode", "-U", "-Z", "root", "-w", file,
+                "-s", "INT", "90", TestHost.which("tcpdump")!, "-i", "lo", "-n", "--immediate-mode", "-U", "-s", "8192", "-B", "16384", "-Z", "root", "-w", file,
                 "tcp port \(port)",
             ])
         defer { tcpdump.terminate() }
