@@ -8,8 +8,7 @@ import Synchronization
 struct StreamSlot {
     let name: String
     /// Chunks that arrived and were not read yet (at most the stream's window).
-    var inbox: [[UInt8]] = []
-    var inboxHead = 0
+    var inbox = FIFO<[UInt8]>()
     /// The peer accepted it (streams the peer opened are accepted when they arrive).
     var accepted: Bool
     /// The peer sent `FIN`: reads end once the inbox is empty.
@@ -21,22 +20,9 @@ struct StreamSlot {
     /// The failure came from a reset: unread bytes are dropped.
     var wasReset = false
 
-    var hasUnread: Bool { inboxHead < inbox.count }
+    var hasUnread: Bool { !inbox.isEmpty }
 
-    mutating func takeChunk() -> [UInt8]? {
-        guard inboxHead < inbox.count else { return nil }
-        let chunk = inbox[inboxHead]
-        inbox[inboxHead] = []
-        inboxHead += 1
-        if inboxHead == inbox.count {
-            inbox.removeAll(keepingCapacity: false)
-            inboxHead = 0
-        } else if inboxHead >= 32, inboxHead * 2 >= inbox.count {
-            inbox.removeFirst(inboxHead)
-            inboxHead = 0
-        }
-        return chunk
-    }
+    mutating func takeChunk() -> [UInt8]? { inbox.removeFirst() }
 }
 
 /// A task waiting for something to change on a stream (nil: on any stream, such as room in the
@@ -84,8 +70,7 @@ extension Link {
                         ? PeerLinkError(.cancelled, "stream \"\(slot.name)\" was reset by the peer: \(reason)")
                         : PeerLinkError(.unavailable, "the peer refused stream \"\(slot.name)\": \(reason)")
                     slot.wasReset = true
-                    slot.inbox = []
-                    slot.inboxHead = 0
+                    slot.inbox = FIFO()
                     state.slots[id] = slot
                 }
                 wakeStreamWaiters(&state, stream: id)
@@ -273,8 +258,7 @@ extension Link {
             if slot.failure == nil {
                 slot.failure = PeerLinkError(.cancelled, "stream \"\(slot.name)\" was reset on this side: \(reason)")
                 slot.wasReset = true
-                slot.inbox = []
-                slot.inboxHead = 0
+                slot.inbox = FIFO()
                 state.slots[id] = slot
             }
             wakeStreamWaiters(&state, stream: id)
@@ -308,7 +292,7 @@ extension Link {
     var streamCounts: (open: Int, unreadBytes: Int) {
         state.withLock { state in
             let unread = state.slots.values.reduce(0) { total, slot in
-                total + slot.inbox[slot.inboxHead...].reduce(0) { $0 + $1.count }
+                total + slot.inbox.reduce(0) { $0 + $1.count }
             }
             return (state.streams.entries.count, unread)
         }

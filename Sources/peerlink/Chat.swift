@@ -198,16 +198,7 @@ struct Chat: AsyncParsableCommand {
             group.addTask {
                 await Self.readInput(session: session, console: console, waitLimit: waitLimit, files: files)
             }
-            var status: Int32 = 0
-            for await result in group {
-                if let result {
-                    status = result
-                    break
-                }
-            }
-            await session.disconnect()
-            group.cancelAll()
-            return status
+            return await group.firstStatus(thenLeave: session)
         }
         if outcome != 0 { throw ExitCode(outcome) }
     }

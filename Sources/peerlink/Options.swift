@@ -85,3 +85,21 @@ private final class SignalBox: @unchecked Sendable {
         pending?.resume(returning: number)
     }
 }
+
+extension TaskGroup where ChildTaskResult == Int32? {
+    /// Waits for the first task that ends with an exit status (tasks that end with nil keep the
+    /// run going), leaves the session (everyone is told), stops the other tasks, and returns the
+    /// status: the end of every command that runs a session.
+    mutating func firstStatus(thenLeave session: PeerSession) async -> Int32 {
+        var status: Int32 = 0
+        while let result = await next() {
+            if let result {
+                status = result
+                break
+            }
+        }
+        await session.disconnect()
+        cancelAll()
+        return status
+    }
+}

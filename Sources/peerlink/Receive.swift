@@ -143,16 +143,7 @@ struct Receive: AsyncParsableCommand {
                     return 0
                 }
             }
-            var status: Int32 = 0
-            for await result in group {
-                if let result {
-                    status = result
-                    break
-                }
-            }
-            await session.disconnect()
-            group.cancelAll()
-            return status
+            return await group.firstStatus(thenLeave: session)
         }
         if outcome != 0 { throw ExitCode(outcome) }
     }

@@ -119,16 +119,7 @@ struct Send: AsyncParsableCommand {
                 }
                 return failures == 0 ? 0 : ExitStatus.failure
             }
-            var status: Int32 = 0
-            for await result in group {
-                if let result {
-                    status = result
-                    break
-                }
-            }
-            await session.disconnect()
-            group.cancelAll()
-            return status
+            return await group.firstStatus(thenLeave: session)
         }
         if status != 0 { throw ExitCode(status) }
     }

@@ -18,44 +18,6 @@ struct OutgoingMessage: Sendable {
     var id: UInt32?
 }
 
-/// A first-in-first-out queue whose `removeFirst` costs O(1) (amortised): taken items are
-/// skipped by a head index and the storage is compacted once more than half of it is dead.
-struct FIFO<Element: Sendable>: Sendable {
-    private var storage: [Element] = []
-    private var head = 0
-
-    var isEmpty: Bool { head == storage.count }
-    var count: Int { storage.count - head }
-    /// The queued items, oldest first.
-    var items: ArraySlice<Element> { storage[head...] }
-
-    mutating func append(_ element: Element) { storage.append(element) }
-
-    mutating func removeFirst() -> Element? {
-        guard head < storage.count else { return nil }
-        let element = storage[head]
-        head += 1
-        if head == storage.count {
-            storage.removeAll(keepingCapacity: true)
-            head = 0
-        } else if head >= 64, head * 2 >= storage.count {
-            storage.removeFirst(head)
-            head = 0
-        }
-        return element
-    }
-
-    mutating func removeAll(where predicate: (Element) -> Bool) {
-        storage = storage[head...].filter { !predicate($0) }
-        head = 0
-    }
-
-    /// Applies `change` to every queued item in place.
-    mutating func updateEach(_ change: (inout Element) -> Void) {
-        for index in head..<storage.count { change(&storage[index]) }
-    }
-}
-
 /// Everything queued for one peer, whatever link will carry it: the peer's send link can
 /// change (a duplicate collapsed, a link lost), and the queue moves with the peer.
 ///

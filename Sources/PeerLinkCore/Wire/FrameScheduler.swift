@@ -112,12 +112,11 @@ public struct FrameScheduler: Sendable {
 
 /// A first-in first-out queue of frames that pops in constant time.
 private struct FrameQueue: Sendable {
-    private var items: [Frame] = []
-    private var head = 0
+    private var items = FIFO<Frame>()
     private(set) var dataBytes = 0
 
-    var isEmpty: Bool { head == items.count }
-    var count: Int { items.count - head }
+    var isEmpty: Bool { items.isEmpty }
+    var count: Int { items.count }
 
     mutating func append(_ frame: Frame) {
         items.append(frame)
@@ -125,16 +124,7 @@ private struct FrameQueue: Sendable {
     }
 
     mutating func popFirst() -> Frame? {
-        guard head < items.count else { return nil }
-        let frame = items[head]
-        head += 1
-        if head == items.count {
-            items.removeAll(keepingCapacity: true)
-            head = 0
-        } else if head >= 64, head * 2 >= items.count {
-            items.removeFirst(head)
-            head = 0
-        }
+        guard let frame = items.removeFirst() else { return nil }
         if case .data(_, _, let payload) = frame { dataBytes -= payload.count }
         return frame
     }
