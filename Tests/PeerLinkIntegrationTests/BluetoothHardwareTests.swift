@@ -60,4 +60,35 @@ struct BluetoothHardwareTests {
         #expect(line != nil, "\(result.stdout)")
         #expect(line?.contains("dBm") == true, "no RSSI: \(line ?? "")")
     }
+
+    /// The remote runs `peerlink chat --transport bluetooth --accept-all` (Hardware/README.md):
+    /// the scan gives its endpoints, and a chat here reaches it at each with `--connect`.
+    @Test(
+        "chat reaches the remote peer at its RFCOMM and its L2CAP endpoint, encrypted, and leaves cleanly",
+        .timeLimit(.minutes(3)), arguments: ["rfcomm", "l2cap"])
+    func chatOverEachLinkKind(_ transport: String) async throws {
+        let scan = try await runPeerlink(["scan", "--bluetooth", "--timeout", "10", "--json"] + HardwarePeer.adapterArguments, timeout: .seconds(90))
+        #expect(scan.status == 0, "\(scan.stderr)")
+        let peers = (try? JSONSerialization.jsonObject(with: Data(scan.stdout.utf8)) as? [[String: Any]]) ?? []
+        let peer = try #require(peers.first(where: HardwarePeer.matches), "not found; scan printed:\n\(scan.stdout)\n\(scan.stderr)")
+        let endpoints = try #require(peer["endpoints"] as? [[String: Any]])
+        let endpoint = try #require(endpoints.first { $0["transport"] as? String == transport }, "no \(transport) endpoint: \(endpoints)")
+        let address = try #require(endpoint["address"] as? String)
+        let target =
+            transport == "rfcomm"
+            ? "bt://\(address)/rfcomm/\(try #require(endpoint["channel"] as? Int))"
+            : "bt://\(address)/l2cap/\(try #require(endpoint["psm"] as? Int))"
+        let name = try #require(peer["name"] as? String)
+
+        let chat = try ChildProcess.peerlink(
+            ["chat", "--name", "hw-laptop", "--connect", target] + HardwarePeer.adapterArguments, withInput: true)
+        defer { chat.terminate() }
+        _ = try await chat.waitForLine(containing: "* \(name) joined", timeout: .seconds(60))
+        chat.type("/peers\n")
+        let line = try await chat.waitForStderrLine(containing: "\(transport) ", timeout: .seconds(30))
+        #expect(line.contains("encrypted") && !line.contains("NOT encrypted"), "\(line)")
+        chat.type("hello from the PeerLink hardware suite over \(transport)\n")
+        chat.closeInput()
+        #expect(try await chat.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(chat.stderr)")
+    }
 }
