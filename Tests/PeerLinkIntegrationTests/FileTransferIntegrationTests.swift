@@ -45,6 +45,7 @@ final class FilePair: Sendable {
             Task { [receiver] in await receiver.run() },
             Task {
                 for await event in senderSession.events {
+                    connected.record(event)
                     if case .peerStateChanged(let peer, let state, _) = event {
                         connected.update(peer, state == .connected)
                     }
@@ -68,7 +69,11 @@ final class FilePair: Sendable {
     func waitConnected(timeout: Duration = .seconds(30)) async throws {
         let deadline = ContinuousClock.now + timeout
         while !connected.contains(receiverPeer) {
-            guard ContinuousClock.now < deadline else { throw HarnessError("the sender did not connect to the receiver within \(timeout)") }
+            guard ContinuousClock.now < deadline else {
+                throw HarnessError(
+                    "the sender did not connect to the receiver within \(timeout); the sender's events:\n"
+                        + connected.events.joined(separator: "\n"))
+            }
             try await Task.sleep(for: .milliseconds(100))
         }
     }
@@ -99,6 +104,14 @@ final class FilePair: Sendable {
 
 final class ConnectedSet: Sendable {
     private let peers = Mutex<Set<PeerID>>([])
+    private let log = Mutex<[String]>([])
+
+    /// Every event the sender's session reported, with its time: shown when a wait fails.
+    func record(_ event: PeerSessionEvent) {
+        log.withLock { $0.append("\(ContinuousClock.now) \(event)") }
+    }
+
+    var events: [String] { log.withLock { $0 } }
 
     func update(_ peer: PeerID, _ connected: Bool) {
         peers.withLock { peers in
