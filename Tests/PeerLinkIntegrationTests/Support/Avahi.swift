@@ -224,7 +224,9 @@ final class PrivateBus: Sendable {
             """.write(toFile: config, atomically: true, encoding: .utf8)
         let child = try ChildProcess(dbusDaemon, ["--config-file=\(config)", "--nofork", "--print-address=1"])
         daemon = child
-        address = try await child.waitForLine(timeout: .seconds(10)) { $0.hasPrefix("unix:") }
+        // Generous: under a full parallel suite on two cores the daemon once took over 10 s to
+        // print its address. This waits for a daemon to start; it measures nothing.
+        address = try await child.waitForLine(timeout: .seconds(45)) { $0.hasPrefix("unix:") }
     }
 
     deinit {
