@@ -165,20 +165,7 @@ public final class BluetoothConnection: Sendable {
                 let done = try BTSocket.withAddress(kind, address, port: port) { pointer, length throws(SystemError) in
                     try Sys.connectNonBlocking(fd, pointer, length)
                 }
-                if !done {
-                    let deadline = ContinuousClock.now + timeout
-                    while true {
-                        try flag.check()
-                        let remaining = ContinuousClock.now.duration(to: deadline)
-                        if remaining <= .zero { throw SystemError("connect", errno: ETIMEDOUT) }
-                        let milliseconds = Int32(
-                            clamping: max(1, remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000))
-                        let events = try Sys.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: min(milliseconds, pollSlice))
-                        if events != 0 { break }
-                    }
-                    let error = try Sys.getOption(fd, SOL_SOCKET, SO_ERROR)
-                    if error != 0 { throw SystemError("connect", errno: error) }
-                }
+                if !done { try finishConnect(fd, timeout: timeout, cancellation: flag) }
                 try Sys.setNonBlocking(fd, false)
                 return try BluetoothConnection(fd: fd, kind: kind, port: port, incoming: false)
             } catch {

@@ -198,20 +198,7 @@ public final class TCPConnection: Sendable {
             let done = try address.withSockAddr { pointer, length throws(SystemError) in
                 try Sys.connectNonBlocking(fd, pointer, length)
             }
-            if !done {
-                let deadline = ContinuousClock.now + timeout
-                while true {
-                    try cancellation?.check()
-                    let remaining = ContinuousClock.now.duration(to: deadline)
-                    if remaining <= .zero { throw SystemError("connect", errno: ETIMEDOUT) }
-                    let milliseconds = Int32(
-                        clamping: max(1, remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000))
-                    let events = try Sys.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: min(milliseconds, pollSlice))
-                    if events != 0 { break }
-                }
-                let error = try Sys.getOption(fd, SOL_SOCKET, SO_ERROR)
-                if error != 0 { throw SystemError("connect", errno: error) }
-            }
+            if !done { try finishConnect(fd, timeout: timeout, cancellation: cancellation) }
             try Sys.setNonBlocking(fd, false)
             return fd
         } catch {
@@ -248,6 +235,26 @@ package final class CancellationFlag: Sendable {
     package func check() throws(CancellationError) {
         if isCancelled { throw CancellationError() }
     }
+}
+
+/// Waits (in slices, on the calling thread) for a non-blocking `connect` that returned
+/// `EINPROGRESS` to finish, and reports how it ended.
+///
+/// - Throws: a ``SystemError`` (`ETIMEDOUT` after `timeout`, or the connect's own error),
+///   `CancellationError` once `cancellation` is set.
+package func finishConnect(_ fd: Int32, timeout: Duration, cancellation: CancellationFlag?) throws {
+    let deadline = ContinuousClock.now + timeout
+    while true {
+        try cancellation?.check()
+        let remaining = ContinuousClock.now.duration(to: deadline)
+        if remaining <= .zero { throw SystemError("connect", errno: ETIMEDOUT) }
+        let milliseconds = Int32(
+            clamping: max(1, remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000))
+        let events = try Sys.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: min(milliseconds, pollSlice))
+        if events != 0 { break }
+    }
+    let error = try Sys.getOption(fd, SOL_SOCKET, SO_ERROR)
+    if error != 0 { throw SystemError("connect", errno: error) }
 }
 
 /// ``runBlocking(_:_:)`` for a call that waits in slices and gives up when the task is cancelled.
