@@ -144,7 +144,7 @@ extension Link {
                     }
                 }
             } onCancel: {
-                state.withLock { $0.streamWaiters.removeValue(forKey: key) }?.resume(CancellationError())
+                offLock { self.state.withLock { $0.streamWaiters.removeValue(forKey: key) }?.resume(CancellationError()) }
             }
             if let value { return value }
         }

@@ -168,7 +168,7 @@ public final class Link: Sendable {
                     }
                 }
             } onCancel: {
-                state.withLock { $0.establishedWaiters.remove(id)?.resume(throwing: CancellationError()) }
+                offLock { self.state.withLock { $0.establishedWaiters.remove(id)?.resume(throwing: CancellationError()) } }
             }
         }
     }
@@ -435,7 +435,7 @@ public final class Link: Sendable {
                 }
             }
         } onCancel: {
-            state.withLock { $0.roomWaiters.remove(id)?.resume(throwing: CancellationError()) }
+            offLock { self.state.withLock { $0.roomWaiters.remove(id)?.resume(throwing: CancellationError()) } }
         }
     }
 
@@ -464,9 +464,11 @@ public final class Link: Sendable {
                 }
             }
         } onCancel: {
-            state.withLock { state in
-                state.tickerWake?.resume()
-                state.tickerWake = nil
+            offLock {
+                self.state.withLock { state in
+                    state.tickerWake?.resume()
+                    state.tickerWake = nil
+                }
             }
         }
     }
@@ -488,9 +490,11 @@ public final class Link: Sendable {
                         }
                     }
                 } onCancel: {
-                    self.state.withLock { state in
-                        state.readerEndWaiter?.resume()
-                        state.readerEndWaiter = nil
+                    self.offLock {
+                        self.state.withLock { state in
+                            state.readerEndWaiter?.resume()
+                            state.readerEndWaiter = nil
+                        }
                     }
                 }
             }
@@ -502,6 +506,15 @@ public final class Link: Sendable {
     // MARK: - Ending
 
     /// The channel failed (or was closed here): the link is over, nothing more is written.
+    /// Runs a cancellation handler's work on a task of its own. The runtime holds the cancelled
+    /// task's status lock while its handler runs, and this link resumes continuations while
+    /// holding `state`'s lock (which takes the resumed task's status lock): a handler that took
+    /// `state`'s lock itself could deadlock with such a resume (seen in the benchmark: a round
+    /// trip task cancelled while a stream woke it). Handlers never block on `state` this way.
+    func offLock(_ work: @escaping @Sendable () -> Void) {
+        Task { work() }
+    }
+
     private func channelFailed(_ error: any Error) {
         let logs = state.withLock { state -> [LogEntry] in
             state.writerDone = true
