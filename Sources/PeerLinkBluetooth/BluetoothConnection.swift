@@ -11,8 +11,8 @@ import PeerLinkPosix
 /// and ``write(_:)`` splits its bytes into packets of at most ``outgoingMTU`` (the largest packet
 /// the peer accepts, negotiated when the channel was set up).
 ///
-/// Reads and writes block on threads of their own, never on a thread of Swift concurrency's pool.
-/// At most one read and one write at a time. Failures are ``SystemError``s; ``BluetoothLinkChannel``
+/// Reads and writes never block a thread: a call that would block waits for the socket on
+/// PeerLink's one I/O thread. At most one read and one write at a time. Failures are ``SystemError``s; ``BluetoothLinkChannel``
 /// turns them into ``PeerLinkError``s that say what to do.
 public final class BluetoothConnection: Sendable {
     public let kind: BluetoothSocketKind
@@ -28,6 +28,10 @@ public final class BluetoothConnection: Sendable {
     public let outgoingMTU: Int?
     /// L2CAP: the largest packet this side accepts; nil for RFCOMM.
     public let incomingMTU: Int?
+    /// L2CAP: whether the channel runs in Enhanced Retransmission Mode (flow-controlled and
+    /// retransmitting; what PeerLink asks for) rather than Basic mode (a peer without ERTM),
+    /// where a receiver that falls behind loses packets; nil for RFCOMM (always reliable).
+    public let retransmissionMode: Bool?
     private let descriptor: Descriptor
 
     /// Takes over a connected socket.
@@ -40,12 +44,14 @@ public final class BluetoothConnection: Sendable {
         self.port = port
         self.isIncoming = incoming
         if kind == .l2cap {
-            let mtus = try BTSocket.mtus(fd)
-            outgoingMTU = mtus.outgoing
-            incomingMTU = mtus.incoming
+            let options = try BTSocket.channelOptions(fd)
+            outgoingMTU = options.outgoing
+            incomingMTU = options.incoming
+            retransmissionMode = options.retransmission
         } else {
             outgoingMTU = nil
             incomingMTU = nil
+            retransmissionMode = nil
         }
         descriptor = Descriptor(fd)
     }
@@ -65,36 +71,8 @@ public final class BluetoothConnection: Sendable {
     /// - Throws: a ``SystemError`` when the link failed or was closed on this side (`EBADF`),
     ///   `CancellationError` when the task is cancelled.
     public func read() async throws -> [UInt8] {
-        let descriptor = self.descriptor
         // A packet is never larger than the incoming MTU (at most 65535): one read, one packet.
-        let count = incomingMTU.map { max($0, 1) } ?? 65536
-        // What already arrived is taken here (a non-blocking recv): a thread is started only
-        // to wait, which matters for L2CAP's many small packets.
-        var ready = [UInt8](repeating: 0, count: count)
-        let now = try ready.withUnsafeMutableBytes { buffer throws(SystemError) -> Int? in
-            try descriptor.withFD("recv") { fd throws(SystemError) -> Int? in try Sys.receive(fd, buffer) }
-        }
-        if let now {
-            if now == 0, descriptor.isClosed { throw SystemError("recv", errno: EBADF) }
-            return now == count ? ready : Array(ready[..<now])
-        }
-        return try await runBlockingCancellable("peerlink-bt-read") { flag throws -> [UInt8] in
-            var bytes = [UInt8](repeating: 0, count: count)
-            while true {
-                let received = try bytes.withUnsafeMutableBytes { buffer throws(SystemError) -> Int? in
-                    try descriptor.withFD("recv") { fd throws(SystemError) -> Int? in
-                        if let received = try Sys.receive(fd, buffer) { return received }
-                        _ = try Sys.poll(fd, events: Int16(POLLIN), timeoutMilliseconds: pollSlice)
-                        return nil
-                    }
-                }
-                if let received {
-                    if received == 0, descriptor.isClosed { throw SystemError("recv", errno: EBADF) }
-                    return received == count ? bytes : Array(bytes[..<received])
-                }
-                try flag.check()
-            }
-        }
+        try await descriptor.receive(maxCount: incomingMTU ?? 65536)
     }
 
     /// Writes all of `bytes` (L2CAP: in packets of at most ``outgoingMTU``); returns once the
@@ -104,44 +82,8 @@ public final class BluetoothConnection: Sendable {
     ///   this side, `CancellationError` when the task is cancelled (then close the link: part of
     ///   `bytes` may have been sent).
     public func write(_ bytes: [UInt8]) async throws {
-        guard !bytes.isEmpty else { return }
-        let descriptor = self.descriptor
         // RFCOMM takes any slice; a SEQPACKET send is one packet, all of it or nothing.
-        let packet = outgoingMTU.map { max($0, 1) } ?? bytes.count
-        // As much as the kernel takes at once is sent here (non-blocking sends); a thread is
-        // started only to wait for room.
-        var start = 0
-        while start < bytes.count {
-            let end = min(start + packet, bytes.count)
-            let sent = try bytes.withUnsafeBytes { all throws(SystemError) -> Int? in
-                try descriptor.withFD("send") { fd throws(SystemError) -> Int? in
-                    try Sys.send(fd, UnsafeRawBufferPointer(rebasing: all[start..<end]))
-                }
-            }
-            guard let sent else { break }
-            start += sent
-        }
-        guard start < bytes.count else { return }
-        let first = start
-        try await runBlockingCancellable("peerlink-bt-write") { flag throws in
-            var offset = first
-            while offset < bytes.count {
-                let end = min(offset + packet, bytes.count)
-                let sent = try bytes.withUnsafeBytes { all throws(SystemError) -> Int? in
-                    let buffer = UnsafeRawBufferPointer(rebasing: all[offset..<end])
-                    return try descriptor.withFD("send") { fd throws(SystemError) -> Int? in
-                        if let sent = try Sys.send(fd, buffer) { return sent }
-                        _ = try Sys.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: pollSlice)
-                        return nil
-                    }
-                }
-                if let sent {
-                    offset += sent
-                } else {
-                    try flag.check()
-                }
-            }
-        }
+        try await descriptor.send(bytes, inPiecesOf: outgoingMTU)
     }
 
     /// Connects to `address` at `port` (RFCOMM channel or L2CAP PSM) from the adapter with
@@ -160,13 +102,12 @@ public final class BluetoothConnection: Sendable {
                 if adapter != .any {
                     try BTSocket.bind(fd, kind, adapter, port: 0)
                 }
-                if kind == .l2cap, let incomingMTU { try BTSocket.setIncomingMTU(fd, incomingMTU) }
+                if kind == .l2cap { try BTSocket.prepareL2CAP(fd, incomingMTU: incomingMTU) }
                 try Sys.setNonBlocking(fd, true)
                 let done = try BTSocket.withAddress(kind, address, port: port) { pointer, length throws(SystemError) in
                     try Sys.connectNonBlocking(fd, pointer, length)
                 }
                 if !done { try finishConnect(fd, timeout: timeout, cancellation: flag) }
-                try Sys.setNonBlocking(fd, false)
                 return try BluetoothConnection(fd: fd, kind: kind, port: port, incoming: false)
             } catch {
                 Sys.close(fd)
@@ -196,7 +137,7 @@ public final class BluetoothListener: Sendable {
         let fd = try BTSocket.open(kind)
         do {
             try BTSocket.bind(fd, kind, adapter, port: port)
-            if kind == .l2cap, let incomingMTU { try BTSocket.setIncomingMTU(fd, incomingMTU) }
+            if kind == .l2cap { try BTSocket.prepareL2CAP(fd, incomingMTU: incomingMTU) }
             // RFCOMM picks a free channel for 0 here, at listen; L2CAP picked a PSM at bind.
             try Sys.listen(fd, 16)
             try Sys.setNonBlocking(fd, true)

@@ -126,20 +126,38 @@ enum BTSocket {
         return options
     }
 
-    /// Sets the largest packet this side accepts (the incoming MTU the kernel announces).
-    static func setIncomingMTU(_ fd: Int32, _ mtu: UInt16) throws(SystemError) {
+    /// Prepares an L2CAP socket before it connects or listens: Enhanced Retransmission Mode,
+    /// and `incomingMTU` (nil: the kernel's default) as the largest packet this side accepts.
+    ///
+    /// Basic mode, the kernel's default, has no flow control of its own: a receiver whose
+    /// socket buffer is full drops the packets that keep arriving, and a link carrying
+    /// encrypted records then fails. ERTM retransmits and holds the sender back instead. A peer
+    /// without ERTM gets Basic mode in the channel's negotiation; a kernel that has ERTM
+    /// switched off (`disable_ertm`) keeps Basic mode here.
+    static func prepareL2CAP(_ fd: Int32, incomingMTU: UInt16?) throws(SystemError) {
         var options = try l2capOptions(fd)
-        options.imtu = mtu
+        if let incomingMTU { options.imtu = incomingMTU }
+        options.mode = UInt8(L2CAP_MODE_ERTM)
+        do throws(SystemError) {
+            try setL2CAPOptions(fd, options)
+        } catch where error.errno == EINVAL {
+            options.mode = UInt8(L2CAP_MODE_BASIC)
+            try setL2CAPOptions(fd, options)
+        }
+    }
+
+    private static func setL2CAPOptions(_ fd: Int32, _ options: l2cap_options) throws(SystemError) {
+        var options = options
         _ = try Sys.retrying("setsockopt(L2CAP_OPTIONS)") {
             setsockopt(fd, SOL_L2CAP, L2CAP_OPTIONS, &options, socklen_t(MemoryLayout<l2cap_options>.size))
         }
     }
 
     /// The MTUs of a connected L2CAP socket: what it may send (the peer's incoming MTU) and
-    /// what it accepts.
-    static func mtus(_ fd: Int32) throws(SystemError) -> (outgoing: Int, incoming: Int) {
+    /// what it accepts; and whether the channel runs in Enhanced Retransmission Mode.
+    static func channelOptions(_ fd: Int32) throws(SystemError) -> (outgoing: Int, incoming: Int, retransmission: Bool) {
         let options = try l2capOptions(fd)
-        return (Int(options.omtu), Int(options.imtu))
+        return (Int(options.omtu), Int(options.imtu), options.mode == UInt8(L2CAP_MODE_ERTM))
     }
 
 }

@@ -137,22 +137,7 @@ public final class TCPConnection: Sendable {
     ///   on this side (`EBADF`, also for a read that was waiting), `CancellationError` when the
     ///   task is cancelled.
     public func read(maxCount: Int = 65536) async throws -> [UInt8] {
-        let count = max(1, maxCount)
-        var bytes = [UInt8](repeating: 0, count: count)
-        while true {
-            try Task.checkCancellation()
-            let fd = try descriptor.acquire("recv")
-            defer { descriptor.release() }
-            let received = try bytes.withUnsafeMutableBytes { buffer throws(SystemError) -> Int? in try Sys.receive(fd, buffer) }
-            if let received {
-                // A shutdown by close() on this side reads as the end of the stream.
-                if received == 0, descriptor.isClosed { throw SystemError("recv", errno: EBADF) }
-                // A short read is copied, so the caller does not hold on to the whole buffer.
-                return received == count ? bytes : Array(bytes[..<received])
-            }
-            // Nothing yet: park on the I/O thread until the socket is readable (or shut down).
-            try await Readiness.shared.wait(for: fd, events: Int16(POLLIN))
-        }
+        try await descriptor.receive(maxCount: maxCount)
     }
 
     /// Writes all of `bytes`; returns once the kernel took the last of them.
@@ -161,21 +146,7 @@ public final class TCPConnection: Sendable {
     ///   `SIGPIPE`) or the connection was closed on this side, `CancellationError` when the
     ///   task is cancelled: then part of `bytes` may have been sent, so close the connection.
     public func write(_ bytes: [UInt8]) async throws {
-        var offset = 0
-        while offset < bytes.count {
-            try Task.checkCancellation()
-            let fd = try descriptor.acquire("send")
-            defer { descriptor.release() }
-            let sent = try bytes.withUnsafeBytes { all throws(SystemError) -> Int? in
-                try Sys.send(fd, UnsafeRawBufferPointer(rebasing: all[offset...]))
-            }
-            if let sent {
-                offset += sent
-            } else {
-                // The socket buffer is full: park until it drains (or the socket is shut down).
-                try await Readiness.shared.wait(for: fd, events: Int16(POLLOUT))
-            }
-        }
+        try await descriptor.send(bytes)
     }
 
     /// Connects to `address`, giving up after `timeout`.

@@ -42,6 +42,18 @@ enum BluetoothLab {
         }
     }
 
+    /// Makes adapter `index` forget links whose other end was reset, as a real controller's link
+    /// supervision timeout (about 20 s) does. The lab's virtual controllers (btvirt) never time
+    /// a link out and refuse to disconnect one whose other end they dropped: after `hciconfig
+    /// hci0 down`, hci1's kernel keeps the dead ACL connection, and new L2CAP or RFCOMM
+    /// connects over it go nowhere (no answer, or `EBUSY` while the old RFCOMM session stays).
+    /// Only a reset of `index` clears it, so this takes the adapter down and up again.
+    static func forgetDeadLinks(_ index: Int) async throws {
+        try await hciconfig(index, ["down"])
+        try await hciconfig(index, ["up"])
+        try await hciconfig(index, ["piscan"])
+    }
+
     /// The SHA-256 of `bytes` with their count, to compare what was sent with what arrived.
     static func digest(_ bytes: [UInt8]) -> String {
         "\(bytes.count) bytes, SHA-256 " + SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()

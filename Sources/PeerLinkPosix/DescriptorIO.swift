@@ -1,0 +1,60 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// Reads and writes of a connected non-blocking socket, for every kind of link (TCP, RFCOMM,
+/// L2CAP): each call is tried at once, and only one that would block parks on ``Readiness``'s
+/// thread until the socket is ready.
+extension Descriptor {
+    /// The next bytes that arrived, at most `maxCount` (on a `SOCK_SEQPACKET` socket: the next
+    /// packet); an empty array at the end of the stream.
+    ///
+    /// - Throws: a ``SystemError`` when the socket failed or was closed on this side (`EBADF`,
+    ///   also for a read that was waiting), `CancellationError` when the task is cancelled.
+    package func receive(maxCount: Int) async throws -> [UInt8] {
+        let count = max(1, maxCount)
+        var bytes = [UInt8](repeating: 0, count: count)
+        while true {
+            try Task.checkCancellation()
+            let fd = try acquire("recv")
+            defer { release() }
+            let received = try bytes.withUnsafeMutableBytes { buffer throws(SystemError) -> Int? in try Sys.receive(fd, buffer) }
+            if let received {
+                // A shutdown by close() on this side reads as the end of the stream.
+                if received == 0, isClosed { throw SystemError("recv", errno: EBADF) }
+                // A short read is copied, so the caller does not hold on to the whole buffer.
+                return received == count ? bytes : Array(bytes[..<received])
+            }
+            // Nothing yet: park on the I/O thread until the socket is readable (or shut down).
+            try await Readiness.shared.wait(for: fd, events: Int16(POLLIN))
+        }
+    }
+
+    /// Writes all of `bytes`, in sends of at most `piece` bytes (a `SOCK_SEQPACKET` socket: one
+    /// packet each; nil: any size); returns once the kernel took the last of them.
+    ///
+    /// - Throws: a ``SystemError`` when the peer is gone (`EPIPE`, `ECONNRESET`; never a
+    ///   `SIGPIPE`) or the socket was closed on this side, `CancellationError` when the task is
+    ///   cancelled: then part of `bytes` may have been sent, so close the socket.
+    package func send(_ bytes: [UInt8], inPiecesOf piece: Int? = nil) async throws {
+        let piece = max(1, piece ?? bytes.count)
+        var offset = 0
+        while offset < bytes.count {
+            try Task.checkCancellation()
+            let fd = try acquire("send")
+            defer { release() }
+            let end = min(offset + piece, bytes.count)
+            let sent = try bytes.withUnsafeBytes { all throws(SystemError) -> Int? in
+                try Sys.send(fd, UnsafeRawBufferPointer(rebasing: all[offset..<end]))
+            }
+            if let sent {
+                offset += sent
+            } else {
+                // The socket buffer is full: park until it drains (or the socket is shut down).
+                try await Readiness.shared.wait(for: fd, events: Int16(POLLOUT))
+            }
+        }
+    }
+}
