@@ -48,13 +48,16 @@ public final class ManualClock: Clock, Sendable {
         /// Sleepers that still wait (deadline after now).
         var waitingCount: Int { sleepers.count { $0.deadline > now } }
 
-        mutating func resumeIdleWaiters() {
+        /// Takes the idle waiters that are satisfied now, for resuming once the lock is released.
+        mutating func takeSatisfiedIdleWaiters() -> [CheckedContinuation<Void, any Error>] {
             let waiting = waitingCount
+            var satisfied: [CheckedContinuation<Void, any Error>] = []
             idleWaiters.removeAll { waiter in
                 guard waiting >= waiter.count else { return false }
-                waiter.continuation.resume()
+                satisfied.append(waiter.continuation)
                 return true
             }
+            return satisfied
         }
     }
 
@@ -77,42 +80,50 @@ public final class ManualClock: Clock, Sendable {
         }
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                state.withLock { state in
+                // Other tasks are resumed with the lock released: their cancellation handlers
+                // take it (this task's own continuation can be resumed under it: it has not
+                // suspended yet).
+                let idle = state.withLock { state -> [CheckedContinuation<Void, any Error>] in
                     if Task.isCancelled {
                         continuation.resume(throwing: CancellationError())
                     } else if deadline <= state.now {
                         continuation.resume()
                     } else {
                         state.sleepers.append(Sleeper(id: id, deadline: deadline, continuation: continuation))
-                        state.resumeIdleWaiters()
+                        return state.takeSatisfiedIdleWaiters()
                     }
+                    return []
                 }
+                for waiter in idle { waiter.resume() }
             }
         } onCancel: {
-            state.withLock { state in
-                if let index = state.sleepers.firstIndex(where: { $0.id == id }) {
-                    state.sleepers.remove(at: index).continuation.resume(throwing: CancellationError())
-                }
+            let sleeper = state.withLock { state -> CheckedContinuation<Void, any Error>? in
+                guard let index = state.sleepers.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.sleepers.remove(at: index).continuation
             }
+            sleeper?.resume(throwing: CancellationError())
         }
     }
 
     /// Moves the clock forward by `duration`, waking every sleeper whose deadline is reached.
     public func advance(by duration: Duration) {
-        state.withLock { state in advance(&state, to: state.now.advanced(by: duration)) }
+        let due = state.withLock { state in advance(&state, to: state.now.advanced(by: duration)) }
+        for sleeper in due { sleeper.continuation.resume() }
     }
 
     /// Moves the clock to `instant` (never backwards), waking every sleeper whose deadline is reached.
     public func advance(to instant: Instant) {
-        state.withLock { state in advance(&state, to: instant) }
+        let due = state.withLock { state in advance(&state, to: instant) }
+        for sleeper in due { sleeper.continuation.resume() }
     }
 
-    private func advance(_ state: inout State, to instant: Instant) {
-        guard instant > state.now else { return }
+    /// Moves the clock; returns the sleepers that are due, for waking once the lock is released.
+    private func advance(_ state: inout State, to instant: Instant) -> [Sleeper] {
+        guard instant > state.now else { return [] }
         state.now = instant
         let due = state.sleepers.filter { $0.deadline <= instant }
         state.sleepers.removeAll { $0.deadline <= instant }
-        for sleeper in due { sleeper.continuation.resume() }
+        return due
     }
 
     /// Waits until at least `count` sleepers wait for a deadline after now: the code under test
@@ -135,11 +146,11 @@ public final class ManualClock: Clock, Sendable {
                 }
             }
         } onCancel: {
-            state.withLock { state in
-                if let index = state.idleWaiters.firstIndex(where: { $0.id == id }) {
-                    state.idleWaiters.remove(at: index).continuation.resume(throwing: CancellationError())
-                }
+            let waiter = state.withLock { state -> CheckedContinuation<Void, any Error>? in
+                guard let index = state.idleWaiters.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.idleWaiters.remove(at: index).continuation
             }
+            waiter?.resume(throwing: CancellationError())
         }
     }
 }

@@ -142,33 +142,33 @@ public final class MemoryListener: TransportListener {
                 }
             }
         } onCancel: {
-            state.withLock { $0.waiters.remove(id)?.resume(throwing: CancellationError()) }
+            state.withLock { $0.waiters.remove(id) }?.resume(throwing: CancellationError())
         }
     }
 
     /// Hands a new connection to a waiting `accept`, or queues it. False once closed.
     func enqueue(_ channel: MemoryChannel) -> Bool {
-        state.withLock { state in
-            guard !state.closed else { return false }
-            if let waiter = state.waiters.removeFirst() {
-                waiter.resume(returning: channel)
-            } else {
-                state.queue.append(channel)
-            }
-            return true
+        // Waiters are resumed with the lock released: a cancellation handler takes it.
+        let (queued, waiter) = state.withLock { state -> (Bool, CheckedContinuation<any LinkChannel, any Error>?) in
+            guard !state.closed else { return (false, nil) }
+            if let waiter = state.waiters.removeFirst() { return (true, waiter) }
+            state.queue.append(channel)
+            return (true, nil)
         }
+        waiter?.resume(returning: channel)
+        return queued
     }
 
     /// Stops listening: pending and later accepts throw, connections not accepted yet are closed.
     public func close() {
-        let unaccepted = state.withLock { state -> [MemoryChannel] in
-            guard !state.closed else { return [] }
+        let (unaccepted, waiters) = state.withLock { state -> ([MemoryChannel], [CheckedContinuation<any LinkChannel, any Error>]) in
+            guard !state.closed else { return ([], []) }
             state.closed = true
-            for waiter in state.waiters.removeAll() {
-                waiter.resume(throwing: PeerLinkError(.notConnected, "the listener memory://\(name) is closed"))
-            }
             defer { state.queue = [] }
-            return state.queue
+            return (state.queue, state.waiters.removeAll())
+        }
+        for waiter in waiters {
+            waiter.resume(throwing: PeerLinkError(.notConnected, "the listener memory://\(name) is closed"))
         }
         for channel in unaccepted { channel.close() }
         network.remove(self)
@@ -250,6 +250,10 @@ struct WaiterList<T: Sendable> {
 
 /// Both directions of one in-memory connection, under one lock. Direction `d` carries bytes
 /// towards side `d` (side 0 dialled, side 1 accepted).
+///
+/// Waiting reads and writes are resumed with the lock released (``locked(_:)``): their
+/// cancellation handlers take the lock, on the cancelling thread, holding the cancelled task's
+/// status lock, which a resume of that task takes too.
 final class MemoryConnection: Sendable {
     private struct PendingWrite {
         let id: Int
@@ -272,6 +276,8 @@ final class MemoryConnection: Sendable {
         var closed = [false, false]
         var severed = false
         var nextID = 0
+        /// Resumes to run once the lock is released.
+        var wakeups: [@Sendable () -> Void] = []
     }
 
     let capacity: Int
@@ -279,6 +285,17 @@ final class MemoryConnection: Sendable {
 
     init(capacity: Int) {
         self.capacity = capacity
+    }
+
+    /// `withLock`, then the resumes `body` queued in `wakeups`, with the lock released.
+    private func locked<R: Sendable>(_ body: (inout State) -> R) -> R {
+        let (result, wakeups) = state.withLock { state -> (R, [@Sendable () -> Void]) in
+            let result = body(&state)
+            defer { state.wakeups = [] }
+            return (result, state.wakeups)
+        }
+        for wakeup in wakeups { wakeup() }
+        return result
     }
 
     var isFinished: Bool { state.withLock { ($0.closed[0] && $0.closed[1]) || $0.severed } }
@@ -298,15 +315,16 @@ final class MemoryConnection: Sendable {
         }
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in
-                state.withLock { state in
+                locked { state in
                     // Like a socket: what is there is returned even to a cancelled task; only
-                    // waiting is cancelled.
+                    // waiting is cancelled. (This task's own continuation can be resumed under
+                    // the lock: it has not suspended yet.)
                     if state.closed[side] {
                         continuation.resume(throwing: Self.closedHere(description))
                     } else if !state.severed, !state.directions[side].buffer.isEmpty {
                         let bytes = state.directions[side].buffer
                         state.directions[side].buffer = []
-                        Self.pump(&state.directions[side], capacity: capacity)
+                        Self.pump(&state.directions[side], capacity: capacity, wakeups: &state.wakeups)
                         continuation.resume(returning: bytes)
                     } else if !state.severed, state.directions[side].senderClosed {
                         continuation.resume(returning: [])
@@ -319,12 +337,12 @@ final class MemoryConnection: Sendable {
                 }
             }
         } onCancel: {
-            state.withLock { state in
-                if let reader = state.directions[side].reader, reader.id == id {
-                    state.directions[side].reader = nil
-                    reader.continuation.resume(throwing: CancellationError())
-                }
+            let reader = state.withLock { state -> CheckedContinuation<[UInt8], any Error>? in
+                guard let reader = state.directions[side].reader, reader.id == id else { return nil }
+                state.directions[side].reader = nil
+                return reader.continuation
             }
+            reader?.resume(throwing: CancellationError())
         }
     }
 
@@ -337,7 +355,7 @@ final class MemoryConnection: Sendable {
         }
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                state.withLock { state in
+                locked { state in
                     if state.closed[side] {
                         continuation.resume(throwing: Self.closedHere(description))
                     } else if state.severed {
@@ -348,7 +366,7 @@ final class MemoryConnection: Sendable {
                         // Like a socket: what fits is taken even from a cancelled task; only
                         // waiting for room is cancelled (and leaves the write cut short).
                         state.directions[target].writers.append(PendingWrite(id: id, remaining: bytes[...], continuation: continuation))
-                        Self.pump(&state.directions[target], capacity: capacity)
+                        Self.pump(&state.directions[target], capacity: capacity, wakeups: &state.wakeups)
                         if Task.isCancelled, let index = state.directions[target].writers.firstIndex(where: { $0.id == id }) {
                             state.directions[target].writers.remove(at: index).continuation.resume(throwing: CancellationError())
                         }
@@ -356,57 +374,60 @@ final class MemoryConnection: Sendable {
                 }
             }
         } onCancel: {
-            state.withLock { state in
-                if let index = state.directions[target].writers.firstIndex(where: { $0.id == id }) {
-                    let writer = state.directions[target].writers.remove(at: index)
-                    writer.continuation.resume(throwing: CancellationError())
-                }
+            let writer = state.withLock { state -> CheckedContinuation<Void, any Error>? in
+                guard let index = state.directions[target].writers.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.directions[target].writers.remove(at: index).continuation
             }
+            writer?.resume(throwing: CancellationError())
         }
     }
 
     func close(side: Int) {
-        state.withLock { state in
+        locked { state in
             guard !state.closed[side] else { return }
             state.closed[side] = true
             let closedHere = Self.closedHere("the peer")
             // This end's waiting read and writes fail.
             if let reader = state.directions[side].reader {
                 state.directions[side].reader = nil
-                reader.continuation.resume(throwing: closedHere)
+                state.wakeups.append { reader.continuation.resume(throwing: closedHere) }
             }
-            for writer in state.directions[1 - side].writers { writer.continuation.resume(throwing: closedHere) }
+            let writers = state.directions[1 - side].writers
+            state.wakeups.append { for writer in writers { writer.continuation.resume(throwing: closedHere) } }
             state.directions[1 - side].writers = []
             // A severed peer never learns.
             guard !state.severed else { return }
             // The peer reads the rest, then the end of the stream.
             state.directions[1 - side].senderClosed = true
-            Self.pump(&state.directions[1 - side], capacity: capacity)
+            Self.pump(&state.directions[1 - side], capacity: capacity, wakeups: &state.wakeups)
             // The peer's writes fail from now on.
             state.directions[side].receiverClosed = true
             state.directions[side].buffer = []
             let gone = PeerLinkError(.notConnected, "the peer closed the link")
-            for writer in state.directions[side].writers { writer.continuation.resume(throwing: gone) }
+            let refused = state.directions[side].writers
+            state.wakeups.append { for writer in refused { writer.continuation.resume(throwing: gone) } }
             state.directions[side].writers = []
         }
     }
 
     func sever() {
-        state.withLock { state in
+        locked { state in
             guard !state.severed else { return }
             state.severed = true
             for side in 0..<2 {
                 state.directions[side].buffer = []
                 // Waiting writes complete: the bytes are lost on the way.
-                for writer in state.directions[side].writers { writer.continuation.resume() }
+                let writers = state.directions[side].writers
+                state.wakeups.append { for writer in writers { writer.continuation.resume() } }
                 state.directions[side].writers = []
             }
         }
     }
 
     /// Moves waiting writes into the buffer as room allows, handing the buffer to a waiting
-    /// reader; at the end of the stream, the waiting reader gets `[]`.
-    private static func pump(_ direction: inout Direction, capacity: Int) {
+    /// reader; at the end of the stream, the waiting reader gets `[]`. The resumes go to
+    /// `wakeups`, for after the lock.
+    private static func pump(_ direction: inout Direction, capacity: Int, wakeups: inout [@Sendable () -> Void]) {
         while true {
             while direction.buffer.count < capacity, !direction.writers.isEmpty {
                 let room = capacity - direction.buffer.count
@@ -414,7 +435,8 @@ final class MemoryConnection: Sendable {
                 direction.buffer += taken
                 direction.writers[0].remaining = direction.writers[0].remaining.dropFirst(taken.count)
                 if direction.writers[0].remaining.isEmpty {
-                    direction.writers.removeFirst().continuation.resume()
+                    let writer = direction.writers.removeFirst().continuation
+                    wakeups.append { writer.resume() }
                 }
             }
             guard let reader = direction.reader else { return }
@@ -422,12 +444,12 @@ final class MemoryConnection: Sendable {
                 direction.reader = nil
                 let bytes = direction.buffer
                 direction.buffer = []
-                reader.continuation.resume(returning: bytes)
+                wakeups.append { reader.continuation.resume(returning: bytes) }
                 continue
             }
             if direction.senderClosed {
                 direction.reader = nil
-                reader.continuation.resume(returning: [])
+                wakeups.append { reader.continuation.resume(returning: []) }
             }
             return
         }
