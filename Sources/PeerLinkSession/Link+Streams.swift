@@ -51,8 +51,8 @@ extension Link {
             case .opened(let id, let name):
                 state.slots[id] = StreamSlot(name: name, accepted: true)
                 guard case .success(let established)? = state.established else { continue }
-                eventSink.yield(
-                    .streamOpened(PeerStream(link: self, id: id, name: name, peer: established.remote, isOutgoing: false)))
+                let stream = PeerStream(link: self, id: id, name: name, peer: established.remote, isOutgoing: false)
+                state.outbox.add { self.eventSink.yield(.streamOpened(stream)) }
             case .accepted(let id):
                 state.slots[id]?.accepted = true
                 wakeStreamWaiters(&state, stream: id)
@@ -99,13 +99,16 @@ extension Link {
     }
 
     /// Resumes the tasks waiting on `stream` (and those waiting on any stream); with `all`,
-    /// every waiting task. They look again.
+    /// every waiting task. They look again, once the lock is released.
     func wakeStreamWaiters(_ state: inout State, stream: UInt32?, all: Bool = false) {
         guard !state.streamWaiters.isEmpty else { return }
+        var woken: [StreamWaiter] = []
         for (key, waiter) in state.streamWaiters where all || waiter.stream == nil || waiter.stream == stream {
             state.streamWaiters[key] = nil
-            waiter.resume(nil)
+            woken.append(waiter)
         }
+        guard !woken.isEmpty else { return }
+        state.outbox.add { [woken] in for waiter in woken { waiter.resume(nil) } }
     }
 
     // MARK: - Waiting
@@ -124,7 +127,7 @@ extension Link {
             let value: T? = try await withTaskCancellationHandler {
                 try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T?, any Error>) in
                     // The poll and the registration happen under one lock: no change is missed.
-                    let outcome = state.withLock { state -> Result<T?, PeerLinkError>? in
+                    let outcome = state.withLockThenDeliver { state -> Result<T?, PeerLinkError>? in
                         do throws(PeerLinkError) {
                             if let value = try poll(&state) { return .success(value) }
                         } catch {
@@ -144,7 +147,7 @@ extension Link {
                     }
                 }
             } onCancel: {
-                offLock { self.state.withLock { $0.streamWaiters.removeValue(forKey: key) }?.resume(CancellationError()) }
+                state.withLock { $0.streamWaiters.removeValue(forKey: key) }?.resume(CancellationError())
             }
             if let value { return value }
         }
@@ -171,7 +174,7 @@ extension Link {
     /// - Throws: ``PeerLinkError`` `notConnected` before the handshake or once the link is
     ///   closed; `invalidParameter` for a bad name; `unavailable` with too many streams open.
     func beginStream(named name: String) throws(PeerLinkError) -> PeerStream {
-        try state.withLock { state throws(PeerLinkError) -> PeerStream in
+        try state.withLockThenDeliver { state throws(PeerLinkError) -> PeerStream in
             if let closure = state.closure {
                 throw PeerLinkError(
                     .notConnected,
@@ -233,7 +236,7 @@ extension Link {
 
     /// Queues `FIN` on stream `id`, after everything written before.
     func finishStream(_ id: UInt32) throws(PeerLinkError) {
-        try state.withLock { state throws(PeerLinkError) in
+        try state.withLockThenDeliver { state throws(PeerLinkError) in
             guard var slot = state.slots[id] else { throw PeerLinkError(.notConnected, "stream \(id) is not open") }
             if let failure = slot.failure { throw failure }
             guard !slot.localFinished else {
@@ -250,7 +253,7 @@ extension Link {
     /// Resets stream `id` both ways: `RST` with `reason` (ahead of its data still waiting,
     /// which is dropped), and this side's readers and writers throw `cancelled`.
     func resetStream(_ id: UInt32, reason: String) {
-        state.withLock { state in
+        state.withLockThenDeliver { state in
             guard var slot = state.slots[id], slot.failure == nil || !slot.wasReset else { return }
             if let rst = state.streams.reset(id, reason: reason) {
                 state.scheduler.enqueue(rst)

@@ -168,7 +168,7 @@ public final class Link: Sendable {
                     }
                 }
             } onCancel: {
-                offLock { self.state.withLock { $0.establishedWaiters.remove(id)?.resume(throwing: CancellationError()) } }
+                state.withLock { $0.establishedWaiters.remove(id) }?.resume(throwing: CancellationError())
             }
         }
     }
@@ -218,6 +218,13 @@ public final class Link: Sendable {
     /// - Throws: ``PeerLinkError`` `notConnected` before the handshake completed or once the
     ///   link is closed, `invalidParameter` for a frame the wire format cannot carry.
     public func enqueue(_ frame: Frame) throws(PeerLinkError) {
+        defer { deliverPending() }
+        try enqueueLeavingDelivery(frame)
+    }
+
+    /// ``enqueue(_:)`` for a caller that holds a lock of its own: what the frame wakes (the
+    /// writer) is left in the outbox; call ``deliverPending()`` once that lock is released.
+    func enqueueLeavingDelivery(_ frame: Frame) throws(PeerLinkError) {
         let logs = try state.withLock { state throws(PeerLinkError) -> [LogEntry] in
             if let closure = state.closure { throw Self.notConnected(closure, remote: channel.remoteDescription) }
             guard case .success? = state.established else {
@@ -238,6 +245,11 @@ public final class Link: Sendable {
             return []
         }
         emit(logs)
+    }
+
+    /// Carries out what waits in the outbox (resumes, events), unless another thread is at it.
+    func deliverPending() {
+        state.deliverPending()
     }
 
     /// Throws what encoding `frame` would, without encoding the bulk of it.
@@ -277,7 +289,7 @@ public final class Link: Sendable {
     ///   time (a duplicate both sides drop): two sides that both linger each wait for the
     ///   other's end of stream until the timeout.
     public func close(code: GoAwayCode = .normal, reason: String = "closed", linger: Bool = true) {
-        let (logs, closeNow) = state.withLock { state -> ([LogEntry], Bool) in
+        let (logs, closeNow) = state.withLockThenDeliver { state -> ([LogEntry], Bool) in
             if !linger { state.lingerAllowed = false }
             flushScheduler(&state)
             let logs = apply(state.machine.close(code: code, reason: reason), to: &state, from: .close)
@@ -291,7 +303,7 @@ public final class Link: Sendable {
     /// Returns once the channel is closed. Cancelling the calling task closes the link.
     /// Calling it again, or after ``close(code:reason:)``, returns at once.
     public func run() async {
-        let (started, logs) = state.withLock { state -> (Bool, [LogEntry]) in
+        let (started, logs) = state.withLockThenDeliver { state -> (Bool, [LogEntry]) in
             guard state.phase == .notStarted, state.closure == nil else { return (false, []) }
             state.phase = .running
             return (true, apply(state.machine.start(at: clock.now()), to: &state, from: .start))
@@ -311,6 +323,9 @@ public final class Link: Sendable {
                 group.cancelAll()
             }
         } onCancel: {
+            // At once, on the cancelling thread: the GO_AWAY goes out before the channel's
+            // reads and writes (cancelled with this task) end the link without one. Safe since
+            // nothing is resumed under `state`'s lock (see ``Outbox``).
             cancel()
         }
         finish()
@@ -330,21 +345,23 @@ public final class Link: Sendable {
                 break
             }
             if bytes.isEmpty {
-                let logs = state.withLock { state in
+                let logs = state.withLockThenDeliver { state in
                     apply(state.machine.receiveEnd(at: clock.now()), to: &state, from: .read)
                 }
                 emit(logs)
                 break
             }
-            let logs = state.withLock { state in
+            let logs = state.withLockThenDeliver { state in
                 apply(state.machine.receive(bytes, at: clock.now()), to: &state, from: .read)
             }
             emit(logs)
         }
-        state.withLock { state in
+        state.withLockThenDeliver { state in
             state.readerEnded = true
-            state.readerEndWaiter?.resume()
-            state.readerEndWaiter = nil
+            if let waiter = state.readerEndWaiter {
+                state.outbox.add { waiter.resume() }
+                state.readerEndWaiter = nil
+            }
         }
     }
 
@@ -358,23 +375,29 @@ public final class Link: Sendable {
                 channelFailed(error)
                 break
             }
-            state.withLock { state in
+            state.withLockThenDeliver { state in
                 state.writerBusy = false
                 state.queuedBytes -= batch.count
                 if state.queuedBytes + state.scheduler.queuedPriorityBytes <= maxQueuedBytes {
-                    for waiter in state.roomWaiters.removeAll() { waiter.resume() }
+                    let waiters = state.roomWaiters.removeAll()
+                    if !waiters.isEmpty { state.outbox.add { for waiter in waiters { waiter.resume() } } }
                 }
             }
         }
-        state.withLock { state in
+        state.withLockThenDeliver { state in
             state.writerBusy = false
             state.writerDone = true
             state.queue = []
             state.queuedBytes = 0
             state.scheduler.removeAll()
             let error = state.closure.map { Self.notConnected($0, remote: channel.remoteDescription) }
-            for waiter in state.roomWaiters.removeAll() {
-                if let error { waiter.resume(throwing: error) } else { waiter.resume() }
+            let waiters = state.roomWaiters.removeAll()
+            if !waiters.isEmpty {
+                state.outbox.add {
+                    for waiter in waiters {
+                        if let error { waiter.resume(throwing: error) } else { waiter.resume() }
+                    }
+                }
             }
         }
     }
@@ -392,7 +415,7 @@ public final class Link: Sendable {
             guard case .some(let deadline) = next else { return }
             await sleepOrWake(until: deadline)
             if Task.isCancelled { return }
-            let logs = state.withLock { state in
+            let logs = state.withLockThenDeliver { state in
                 state.tickerArmed = false
                 return apply(state.machine.tick(at: clock.now()), to: &state, from: .tick)
             }
@@ -405,7 +428,8 @@ public final class Link: Sendable {
     /// The next bytes to write, joined; nil once the link is closed and nothing is left.
     private func nextBatch() async -> [UInt8]? {
         await withCheckedContinuation { continuation in
-            state.withLock { state in
+            // Taking a batch can free room for stream writers: they are woken after the lock.
+            state.withLockThenDeliver { state in
                 if let batch = takeBatch(&state) {
                     continuation.resume(returning: batch)
                 } else if state.closure != nil || state.writerDone {
@@ -435,7 +459,7 @@ public final class Link: Sendable {
                 }
             }
         } onCancel: {
-            offLock { self.state.withLock { $0.roomWaiters.remove(id)?.resume(throwing: CancellationError()) } }
+            state.withLock { $0.roomWaiters.remove(id) }?.resume(throwing: CancellationError())
         }
     }
 
@@ -464,12 +488,11 @@ public final class Link: Sendable {
                 }
             }
         } onCancel: {
-            offLock {
-                self.state.withLock { state in
-                    state.tickerWake?.resume()
-                    state.tickerWake = nil
-                }
+            let wake = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                defer { state.tickerWake = nil }
+                return state.tickerWake
             }
+            wake?.resume()
         }
     }
 
@@ -490,12 +513,11 @@ public final class Link: Sendable {
                         }
                     }
                 } onCancel: {
-                    self.offLock {
-                        self.state.withLock { state in
-                            state.readerEndWaiter?.resume()
-                            state.readerEndWaiter = nil
-                        }
+                    let waiter = self.state.withLock { state -> CheckedContinuation<Void, Never>? in
+                        defer { state.readerEndWaiter = nil }
+                        return state.readerEndWaiter
                     }
+                    waiter?.resume()
                 }
             }
             await group.next()
@@ -506,17 +528,8 @@ public final class Link: Sendable {
     // MARK: - Ending
 
     /// The channel failed (or was closed here): the link is over, nothing more is written.
-    /// Runs a cancellation handler's work on a task of its own. The runtime holds the cancelled
-    /// task's status lock while its handler runs, and this link resumes continuations while
-    /// holding `state`'s lock (which takes the resumed task's status lock): a handler that took
-    /// `state`'s lock itself could deadlock with such a resume (seen in the benchmark: a round
-    /// trip task cancelled while a stream woke it). Handlers never block on `state` this way.
-    func offLock(_ work: @escaping @Sendable () -> Void) {
-        Task { work() }
-    }
-
     private func channelFailed(_ error: any Error) {
-        let logs = state.withLock { state -> [LogEntry] in
+        let logs = state.withLockThenDeliver { state -> [LogEntry] in
             state.writerDone = true
             state.queue = []
             state.scheduler.removeAll()
@@ -535,14 +548,12 @@ public final class Link: Sendable {
     /// The task running the link was cancelled: close with a `GO_AWAY` if the writer can take
     /// it at once, else close the channel now.
     private func cancel() {
-        let (logs, closeNow) = state.withLock { state -> ([LogEntry], Bool) in
+        let (logs, closeNow) = state.withLockThenDeliver { state -> ([LogEntry], Bool) in
             // Busy before the GO_AWAY: then the GO_AWAY would wait behind a write that may not end.
             let busy = state.writerBusy
             let logs = apply(
                 state.machine.close(code: .normal, reason: "the link's task was cancelled"), to: &state, from: .cancel)
-            state.tickerWakePending = true
-            state.tickerWake?.resume()
-            state.tickerWake = nil
+            wakeTicker(&state)
             return (logs, busy)
         }
         emit(logs)
@@ -551,7 +562,7 @@ public final class Link: Sendable {
 
     /// After the loops: nothing is left waiting.
     private func finish() {
-        let logs = state.withLock { state -> [LogEntry] in
+        let logs = state.withLockThenDeliver { state -> [LogEntry] in
             state.phase = .finished
             var logs: [LogEntry] = []
             if state.closure == nil {
@@ -561,11 +572,15 @@ public final class Link: Sendable {
             }
             let error = state.closure.map { Self.notConnected($0, remote: channel.remoteDescription) }
                 ?? PeerLinkError(.notConnected, "the link is closed")
-            for waiter in state.roomWaiters.removeAll() { waiter.resume(throwing: error) }
+            let waiters = state.roomWaiters.removeAll()
+            // Through the outbox: after the events queued before.
+            state.outbox.add {
+                for waiter in waiters { waiter.resume(throwing: error) }
+                self.eventSink.finish()
+            }
             return logs
         }
         emit(logs)
-        eventSink.finish()
     }
 
     // MARK: - Outputs
@@ -583,7 +598,8 @@ public final class Link: Sendable {
     }
 
     /// Carries out the state machine's outputs (under the lock): queues sends, reports the
-    /// handshake, yields frames, records the closure. Returns what to log.
+    /// handshake, yields frames, records the closure. Returns what to log. What wakes a task or
+    /// reaches ``events`` goes through the outbox, in order.
     func apply(_ outputs: [LinkOutput], to state: inout State, from source: Source) -> [LogEntry] {
         var logs: [LogEntry] = []
         for output in outputs {
@@ -595,7 +611,8 @@ public final class Link: Sendable {
             case .established(let remote, let hello, let encrypted, let version):
                 let established = Established(remote: remote, hello: hello, encrypted: encrypted, version: version)
                 state.established = .success(established)
-                for waiter in state.establishedWaiters.removeAll() { waiter.resume(returning: established) }
+                let waiters = state.establishedWaiters.removeAll()
+                if !waiters.isEmpty { state.outbox.add { for waiter in waiters { waiter.resume(returning: established) } } }
                 state.peerMetadata = ["peer.id": "\(remote.fingerprint)", "peer.name": "\(remote.displayName)"]
                 logs.append(
                     LogEntry(
@@ -605,7 +622,7 @@ public final class Link: Sendable {
             case .frame(let frame):
                 switch frame {
                 case .data, .windowUpdate: logs += receiveStreamFrame(frame, in: &state)
-                default: eventSink.yield(.frame(frame))
+                default: state.outbox.add { self.eventSink.yield(.frame(frame)) }
                 }
             case .closed(let code, let reason, let byPeer):
                 let closure = makeClosure(code: code, reason: reason, byPeer: byPeer, source: source, state: state)
@@ -615,11 +632,14 @@ public final class Link: Sendable {
                     && state.channelFailure == nil && state.phase == .running
                 if state.established == nil {
                     state.established = .failure(closure.error)
-                    for waiter in state.establishedWaiters.removeAll() { waiter.resume(throwing: closure.error) }
+                    let waiters = state.establishedWaiters.removeAll()
+                    if !waiters.isEmpty { state.outbox.add { for waiter in waiters { waiter.resume(throwing: closure.error) } } }
                 }
                 endStreams(in: &state, closure: closure)
-                eventSink.yield(.closed(code: closure.code, reason: closure.reason, byPeer: closure.byPeer))
-                eventSink.finish()
+                state.outbox.add {
+                    self.eventSink.yield(.closed(code: closure.code, reason: closure.reason, byPeer: closure.byPeer))
+                    self.eventSink.finish()
+                }
                 logs.append(
                     LogEntry(
                         level: .info, message: "link closed",
@@ -637,11 +657,7 @@ public final class Link: Sendable {
             let next = state.machine.nextDeadline
             let closer: Bool =
                 if let next { state.tickerDeadline.map { next < $0 } ?? true } else { false }
-            if state.closure != nil || closer {
-                state.tickerWakePending = true
-                state.tickerWake?.resume()
-                state.tickerWake = nil
-            }
+            if state.closure != nil || closer { wakeTicker(&state) }
         }
         return logs
     }
@@ -690,7 +706,7 @@ public final class Link: Sendable {
 
     enum Phase { case notStarted, running, finished }
 
-    struct State {
+    struct State: OutboxOwner {
         var machine: LinkStateMachine
         var phase = Phase.notStarted
 
@@ -733,21 +749,33 @@ public final class Link: Sendable {
         var readerEnded = false
         var readerEndWaiter: CheckedContinuation<Void, Never>?
 
+        /// Resumes and events, carried out once the lock is released (see ``Outbox``).
+        var outbox = Outbox()
+
         init(machine: LinkStateMachine, streams: StreamTable) {
             self.machine = machine
             self.streams = streams
         }
     }
 
-    /// Wakes the writer for new bytes or the close.
+    /// Wakes the writer for new bytes or the close (once the lock is released).
     func wakeWriter(_ state: inout State) {
         guard let writer = state.writerWaiter else { return }
         if let batch = takeBatch(&state) {
             state.writerWaiter = nil
-            writer.resume(returning: batch)
+            state.outbox.add { writer.resume(returning: batch) }
         } else if state.closure != nil {
             state.writerWaiter = nil
-            writer.resume(returning: nil)
+            state.outbox.add { writer.resume(returning: nil) }
+        }
+    }
+
+    /// Wakes the ticker (once the lock is released).
+    private func wakeTicker(_ state: inout State) {
+        state.tickerWakePending = true
+        if let wake = state.tickerWake {
+            state.tickerWake = nil
+            state.outbox.add { wake.resume() }
         }
     }
 

@@ -4,8 +4,9 @@ import Synchronization
 
 // The runtime behind PeerSession: one task group holding the listener's accept loop, the
 // session timer, every dial and every link (each with a writer of its own). Every input is
-// applied to the state machine under the core lock and its actions carried out at once;
-// only closing a link is done with the lock released.
+// applied to the state machine under the core lock and its actions decided at once; closing a
+// link is done with the lock released, and so is everything that wakes a task (resumes, events,
+// streams, new work: the core's `Outbox`, in order), since cancellation handlers take the lock.
 
 extension PeerSession {
     // MARK: - Running
@@ -49,16 +50,15 @@ extension PeerSession {
             }
             group.cancelAll()
         }
-        let leftovers = core.withLock { core -> [Link] in
+        let leftovers = core.withLockThenDeliver { core -> [Link] in
             core.phase = .over
             let links = core.links.values.map(\.link)
             core.links = [:]
             return links
         }
         for link in leftovers { link.close(code: .normal, reason: "\(localPeer.displayName) stopped its session") }
-        eventSink.finish()
-        streamSink.finish()
-        finished.fire()
+        // Through the outbox: after every event queued before.
+        core.withLockThenDeliver { core in core.outbox.add { self.finishStreams() } }
         logger.info("session stopped", metadata: localMetadata)
     }
 
@@ -68,11 +68,17 @@ extension PeerSession {
     @discardableResult
     func beginStopping(reason: String) -> Bool {
         let now = time.now()
-        let (effects, running, wasIdle) = core.withLock { core -> ([Effect], Bool, Bool) in
+        let (effects, running) = core.withLockThenDeliver { core -> ([Effect], Bool) in
             switch core.phase {
             case .idle:
                 core.phase = .over
-                return (carryOut(core.machine.disconnect(at: now), in: &core), false, true)
+                let effects = carryOut(core.machine.disconnect(at: now), in: &core)
+                core.outbox.add {
+                    self.stopped.fire()
+                    self.spawner.finish()
+                    self.finishStreams()
+                }
+                return (effects, false)
             case .running:
                 core.phase = .stopping
                 let known = Set(core.machine.allLinks)
@@ -82,24 +88,20 @@ extension PeerSession {
                     effects.append(.close(entry.link, code: .normal, reason: reason))
                 }
                 core.wakeTimer()
-                if core.liveLinks == 0 { linksDrained.fire() }
-                return (effects, true, false)
+                if core.liveLinks == 0 { core.outbox.add { self.linksDrained.fire() } }
+                // After the work queued before: run()'s loop takes it all, then ends.
+                core.outbox.add {
+                    self.stopped.fire()
+                    self.spawner.finish()
+                }
+                return (effects, true)
             case .stopping:
-                return ([], true, false)
+                return ([], true)
             case .over:
-                return ([], false, false)
+                return ([], false)
             }
         }
-        if running || wasIdle {
-            stopped.fire()
-            spawner.finish()
-        }
         perform(effects)
-        if wasIdle {
-            eventSink.finish()
-            streamSink.finish()
-            finished.fire()
-        }
         return running
     }
 
@@ -112,12 +114,21 @@ extension PeerSession {
             guard let link = core.links[id]?.link else { continue }
             while let frame = core.machine.nextFrame(for: id) {
                 do throws(PeerLinkError) {
-                    try link.enqueue(frame)
+                    try link.enqueueLeavingDelivery(frame)
                 } catch {
                     break
                 }
             }
+            core.outbox.add { link.deliverPending() }
         }
+    }
+
+    /// The end of ``events`` and ``incomingStreams``, then ``finished`` fires. Delivered
+    /// through the outbox, after everything queued before.
+    private func finishStreams() {
+        eventSink.finish()
+        streamSink.finish()
+        finished.fire()
     }
 
     /// Waits until every link task ended, at most ``shutdownGrace``; false when time ran out.
@@ -154,7 +165,7 @@ extension PeerSession {
         _ input: (inout SessionCore, Duration) throws(E) -> ([SessionAction], R)
     ) throws(E) -> R {
         let now = time.now()
-        let (effects, result) = try core.withLock { core throws(E) -> ([Effect], R) in
+        let (effects, result) = try core.withLockThenDeliver { core throws(E) -> ([Effect], R) in
             let (actions, result) = try input(&core, now)
             return (carryOut(actions, in: &core), result)
         }
@@ -162,8 +173,9 @@ extension PeerSession {
         return result
     }
 
-    /// Carries out actions under the lock: dials are handed to the task group, writers woken,
-    /// events yielded (so they keep their order); closes are returned for later.
+    /// Carries out actions under the lock: dials handed to the task group, writers woken and
+    /// events yielded through the outbox (in order, once the lock is released); closes are
+    /// returned for later.
     func carryOut(_ actions: [SessionAction], in core: inout SessionCore) -> [Effect] {
         var effects: [Effect] = []
         for action in actions {
@@ -175,16 +187,14 @@ extension PeerSession {
                     all.append(endpoint)
                 }
                 let targets = all
-                spawn { await self.dial(peer, endpoints: targets) }
+                core.outbox.add { self.spawn { await self.dial(peer, endpoints: targets) } }
             case .framesReady(let id):
-                guard var entry = core.links[id] else { continue }
-                if let writer = entry.writerWaiter {
-                    entry.writerWaiter = nil
-                    writer.resume(returning: true)
+                guard let entry = core.links[id] else { continue }
+                if entry.writerWaiter != nil {
+                    core.wakeWriter(id, returning: true)
                 } else {
-                    entry.framesPending = true
+                    core.links[id]?.framesPending = true
                 }
-                core.links[id] = entry
             case .closeLink(let id, let code, let reason):
                 guard let entry = core.links[id] else { continue }
                 logger.debug(
@@ -195,7 +205,7 @@ extension PeerSession {
                 let linger = entry.dialed != nil || core.phase != .running
                 effects.append(.close(entry.link, code: code, reason: reason, linger: linger))
             case .event(let event):
-                emit(event)
+                emit(event, in: &core)
             }
         }
         core.wakeTimerIfNeeded()
@@ -210,40 +220,46 @@ extension PeerSession {
         }
     }
 
-    /// Tells the app (under the lock, so events keep the order the state machine gave them).
-    private func emit(_ event: SessionEvent) {
+    /// Tells the app: logs under the lock, yields through the outbox (so events keep the order
+    /// the state machine gave them).
+    private func emit(_ event: SessionEvent, in core: inout SessionCore) {
         switch event {
         case .peerStateChanged(let peer, let state, let reason):
             var metadata = peerMetadata(peer)
             if let reason { metadata["reason"] = "\(reason)" }
             logger.info("peer \(state)", metadata: metadata)
-            eventSink.yield(.peerStateChanged(peer, state, reason: reason))
+            report(.peerStateChanged(peer, state, reason: reason), in: &core)
         case .invitationReceived(let id, let peer, let context):
             logger.info("invitation received", metadata: peerMetadata(peer).merging(["invitation": "\(id.rawValue)"], uniquingKeysWith: { $1 }))
-            eventSink.yield(.invitationReceived(id, from: peer, context: context))
+            report(.invitationReceived(id, from: peer, context: context), in: &core)
         case .invitationResult(let id, let peer, let outcome):
             logger.info(
                 "invitation ended",
                 metadata: peerMetadata(peer).merging(["invitation": "\(id.rawValue)", "outcome": "\(outcome)"], uniquingKeysWith: { $1 }))
-            eventSink.yield(.invitationResult(id, peer, outcome))
+            report(.invitationResult(id, peer, outcome), in: &core)
         case .invitationCancelled(let id, let peer, let reason):
             logger.info(
                 "invitation cancelled",
                 metadata: peerMetadata(peer).merging(["invitation": "\(id.rawValue)", "reason": "\(reason)"], uniquingKeysWith: { $1 }))
-            eventSink.yield(.linkFailed(peer, reason: "\(id) from \(peer) can no longer be answered: \(reason)"))
+            report(.linkFailed(peer, reason: "\(id) from \(peer) can no longer be answered: \(reason)"), in: &core)
         case .invitationRefused(let peer, let reason, let detail):
             logger.info(
                 "invitation refused without asking the app",
                 metadata: peerMetadata(peer).merging(["reason": "\(reason)", "detail": "\(detail)"], uniquingKeysWith: { $1 }))
         case .joinRefused(let peer, _, _):
             logger.info("join refused", metadata: peerMetadata(peer).merging(["reason": "\(event)"], uniquingKeysWith: { $1 }))
-            eventSink.yield(.linkFailed(peer, reason: "\(event)"))
+            report(.linkFailed(peer, reason: "\(event)"), in: &core)
         case .messageReceived(let peer, let data, let reliable):
             logger.trace(
                 "message received",
                 metadata: peerMetadata(peer).merging(["bytes": "\(data.count)", "reliable": "\(reliable)"], uniquingKeysWith: { $1 }))
-            eventSink.yield(.message(from: peer, data: data, reliable: reliable))
+            report(.message(from: peer, data: data, reliable: reliable), in: &core)
         }
+    }
+
+    /// Yields `event` to ``events`` once the lock is released, in order (under the lock).
+    func report(_ event: PeerSessionEvent, in core: inout SessionCore) {
+        core.outbox.add { self.eventSink.yield(event) }
     }
 
     // MARK: - Incoming links
@@ -257,7 +273,7 @@ extension PeerSession {
                 if !stopped.isFired, !(error is CancellationError) {
                     let reason = "no longer accepting links: \(Self.message(of: error))"
                     logger.info("\(reason)", metadata: localMetadata)
-                    core.withLock { _ in _ = eventSink.yield(.linkFailed(nil, reason: reason)) }
+                    core.withLockThenDeliver { core in report(.linkFailed(nil, reason: reason), in: &core) }
                 }
                 return
             }
@@ -395,9 +411,9 @@ extension PeerSession {
     /// Tells the state machine a dial failed, and the app why.
     private func dialFailed(_ peer: PeerID, reason: String, report: String) {
         let now = time.now()
-        let effects = core.withLock { core -> [Effect] in
+        let effects = core.withLockThenDeliver { core -> [Effect] in
             guard core.phase == .running else { return [] }
-            eventSink.yield(.linkFailed(peer, reason: report))
+            self.report(.linkFailed(peer, reason: report), in: &core)
             return carryOut(core.machine.dialFailed(peer, reason: reason, at: now), in: &core)
         }
         perform(effects)
@@ -407,7 +423,7 @@ extension PeerSession {
 
     /// Makes the link for `channel` and records it, while the session runs.
     private func register(_ channel: any LinkChannel, dialed peer: PeerID?, role: LinkStateMachine.Role? = nil) -> (LinkID, Link)? {
-        core.withLock { core -> (LinkID, Link)? in
+        core.withLockThenDeliver { core -> (LinkID, Link)? in
             guard core.phase == .running else { return nil }
             let id = core.makeLinkID()
             var logger = self.logger
@@ -423,11 +439,11 @@ extension PeerSession {
     }
 
     private func unregister(_ id: LinkID) {
-        core.withLock { core in
-            guard let entry = core.links.removeValue(forKey: id) else { return }
-            entry.writerWaiter?.resume(returning: false)
+        core.withLockThenDeliver { core in
+            core.wakeWriter(id, returning: false)
+            guard core.links.removeValue(forKey: id) != nil else { return }
             core.liveLinks -= 1
-            if core.phase == .stopping, core.liveLinks == 0 { linksDrained.fire() }
+            if core.phase == .stopping, core.liveLinks == 0 { core.outbox.add { self.linksDrained.fire() } }
         }
     }
 
@@ -457,10 +473,9 @@ extension PeerSession {
                     apply { core, now in (core.machine.linkClosed(id, code: code, reason: reason, at: now), ()) }
                 }
             }
-            core.withLock { core in
+            core.withLockThenDeliver { core in
                 core.links[id]?.ended = true
-                core.links[id]?.writerWaiter?.resume(returning: false)
-                core.links[id]?.writerWaiter = nil
+                core.wakeWriter(id, returning: false)
             }
         }
         unregister(id)
@@ -469,14 +484,15 @@ extension PeerSession {
     /// A stream the peer opened: handed to the app when the peer is in the session (or on its
     /// way in), reset otherwise.
     private func acceptStream(_ stream: PeerStream) {
-        let accepted = core.withLock { core -> Bool in
+        let reason = "\(localPeer.displayName) is not in a session with \(stream.peer.displayName)"
+        let accepted = core.withLockThenDeliver { core -> Bool in
             guard core.phase == .running, core.machine.state(of: stream.peer) != .notConnected else { return false }
-            if case .terminated = streamSink.yield(stream) { return false }
+            core.outbox.add {
+                if case .terminated = self.streamSink.yield(stream) { stream.reset(reason: reason) }
+            }
             return true
         }
-        if !accepted {
-            stream.reset(reason: "\(localPeer.displayName) is not in a session with \(stream.peer.displayName)")
-        }
+        if !accepted { stream.reset(reason: reason) }
     }
 
     /// The handshake is done: the state machine learns of the link (unless the session stops,
@@ -487,7 +503,7 @@ extension PeerSession {
             return false
         }
         let now = time.now()
-        let (effects, admitted) = core.withLock { core -> ([Effect], Bool) in
+        let (effects, admitted) = core.withLockThenDeliver { core -> ([Effect], Bool) in
             guard core.phase == .running, var entry = core.links[id] else {
                 return ([.close(link, code: .normal, reason: "\(localPeer.displayName) stopped its session")], false)
             }
@@ -519,9 +535,9 @@ extension PeerSession {
         if let dialed {
             dialFailed(dialed, reason: reason, report: reason)
         } else {
-            core.withLock { core in
+            core.withLockThenDeliver { core in
                 guard core.phase == .running else { return }
-                eventSink.yield(.linkFailed(peer, reason: reason))
+                report(.linkFailed(peer, reason: reason), in: &core)
             }
         }
     }
@@ -529,9 +545,9 @@ extension PeerSession {
     /// The peer closed an established link with `GO_AWAY` 7: its admission refused this peer.
     private func refusedByPeer(_ peer: PeerID, reason: String) {
         logger.info("refused by the peer", metadata: peerMetadata(peer).merging(["reason": "\(reason)"], uniquingKeysWith: { $1 }))
-        core.withLock { core in
+        core.withLockThenDeliver { core in
             guard core.phase == .running else { return }
-            eventSink.yield(.linkFailed(peer, reason: "\(peer.displayName) (id \(peer.fingerprint.grouped)) refused the link: \(reason)"))
+            report(.linkFailed(peer, reason: "\(peer.displayName) (id \(peer.fingerprint.grouped)) refused the link: \(reason)"), in: &core)
         }
     }
 
@@ -560,9 +576,9 @@ extension PeerSession {
             return
         }
         logger.info("incoming link refused", metadata: metadata)
-        core.withLock { core in
+        core.withLockThenDeliver { core in
             guard core.phase == .running else { return }
-            eventSink.yield(.linkFailed(nil, reason: reason))
+            report(.linkFailed(nil, reason: reason), in: &core)
         }
     }
 
@@ -571,15 +587,17 @@ extension PeerSession {
     private func writeLoop(_ link: Link, id: LinkID) async {
         while await framesAnnounced(id) {
             while true {
-                let taken = core.withLock { core -> Result<Bool, PeerLinkError> in
+                let taken = core.withLockThenDeliver { core -> Result<Bool, PeerLinkError> in
                     guard let frame = core.machine.nextFrame(for: id) else { return .success(false) }
                     do throws(PeerLinkError) {
-                        try link.enqueue(frame)
+                        try link.enqueueLeavingDelivery(frame)
                     } catch {
                         return .failure(error)
                     }
                     return .success(true)
                 }
+                // The link's writer is woken with no lock held.
+                link.deliverPending()
                 guard case .success(let more) = taken else { return }
                 guard more else { break }
                 do {
@@ -612,10 +630,11 @@ extension PeerSession {
                 }
             }
         } onCancel: {
-            core.withLock { core in
-                core.links[id]?.writerWaiter?.resume(returning: false)
-                core.links[id]?.writerWaiter = nil
+            let writer = core.withLock { core -> CheckedContinuation<Bool, Never>? in
+                defer { core.links[id]?.writerWaiter = nil }
+                return core.links[id]?.writerWaiter
             }
+            writer?.resume(returning: false)
         }
     }
 
@@ -639,7 +658,7 @@ extension PeerSession {
             if Task.isCancelled { return }
             let now = time.now()
             lastTick = now
-            let effects = core.withLock { core -> [Effect] in
+            let effects = core.withLockThenDeliver { core -> [Effect] in
                 core.timerArmed = false
                 guard core.phase == .running else { return [] }
                 return carryOut(core.machine.tick(at: now), in: &core)
@@ -671,10 +690,11 @@ extension PeerSession {
                 }
             }
         } onCancel: {
-            core.withLock { core in
-                core.timerWake?.resume()
-                core.timerWake = nil
+            let wake = core.withLock { core -> CheckedContinuation<Void, Never>? in
+                defer { core.timerWake = nil }
+                return core.timerWake
             }
+            wake?.resume()
         }
     }
 

@@ -265,7 +265,7 @@ public final class PeerSession: Sendable {
     /// Callable from any thread, before or while ``run()`` runs.
     public func discovered(_ event: DiscoveryEvent) {
         let now = time.now()
-        let effects = core.withLock { core -> [Effect] in
+        let effects = core.withLockThenDeliver { core -> [Effect] in
             guard core.phase.acceptsInput else { return [] }
             switch event {
             case .found(let peer), .updated(let peer):

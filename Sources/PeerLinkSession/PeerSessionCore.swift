@@ -2,8 +2,10 @@ import PeerLinkCore
 import Synchronization
 
 /// Everything a ``PeerSession`` knows, under one lock: the state machine, the links, what
-/// discovery reported, and the waiting loops.
-struct SessionCore {
+/// discovery reported, and the waiting loops. What wakes a task or reaches the app (resumes,
+/// events, streams, work for the task group) goes through ``outbox``, carried out once the lock
+/// is released.
+struct SessionCore: OutboxOwner {
     enum Phase {
         /// ``PeerSession/run()`` has not started; inputs are kept.
         case idle
@@ -46,6 +48,8 @@ struct SessionCore {
     var timerWakePending = false
     var timerWake: CheckedContinuation<Void, Never>?
 
+    var outbox = Outbox()
+
     init(machine: SessionStateMachine) {
         self.machine = machine
     }
@@ -73,8 +77,17 @@ struct SessionCore {
 
     mutating func wakeTimer() {
         timerWakePending = true
-        timerWake?.resume()
-        timerWake = nil
+        if let timerWake {
+            outbox.add { timerWake.resume() }
+            self.timerWake = nil
+        }
+    }
+
+    /// Resumes the link writer waiting on `id` (with the lock released), if one is.
+    mutating func wakeWriter(_ id: LinkID, returning more: Bool) {
+        guard let writer = links[id]?.writerWaiter else { return }
+        links[id]?.writerWaiter = nil
+        outbox.add { writer.resume(returning: more) }
     }
 }
 
@@ -102,13 +115,17 @@ package final class Latch: Sendable {
     /// Fires; true the first time.
     @discardableResult
     package func fire() -> Bool {
-        state.withLock { state in
-            guard !state.fired else { return false }
+        // The waiters are resumed with the lock released (see ``Outbox``): a waiter being
+        // cancelled meanwhile takes the lock in its cancellation handler.
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>]? in
+            guard !state.fired else { return nil }
             state.fired = true
-            for waiter in state.waiters.values { waiter.resume() }
-            state.waiters = [:]
-            return true
+            defer { state.waiters = [:] }
+            return Array(state.waiters.values)
         }
+        guard let waiters else { return false }
+        for waiter in waiters { waiter.resume() }
+        return true
     }
 
     package func wait() async {
@@ -127,7 +144,7 @@ package final class Latch: Sendable {
                 }
             }
         } onCancel: {
-            state.withLock { $0.waiters.removeValue(forKey: id)?.resume() }
+            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
         }
     }
 }
