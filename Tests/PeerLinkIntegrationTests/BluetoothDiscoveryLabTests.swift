@@ -143,4 +143,36 @@ struct BluetoothDiscoveryLabTests {
         let ids = Set(scan.peers.compactMap { $0["id"] as? String })
         #expect(ids.isSuperset(of: [first.id, second.id]), "\(scan.stderr)")
     }
+
+    @Test("two chats with --transport bluetooth, one per controller, find each other over SDP and talk", .timeLimit(.minutes(4)))
+    func twoChatsFindEachOtherOverBluetooth() async throws {
+        let a = try ChildProcess.peerlink(
+            ["chat", "--name", "alice", "--transport", "bluetooth", "--adapter", DiscoveryLab.advertiserAdapter], withInput: true)
+        defer { a.terminate() }
+        let b = try ChildProcess.peerlink(
+            ["chat", "--name", "bob", "--transport", "bluetooth", "--adapter", DiscoveryLab.scannerAdapter], withInput: true)
+        defer { b.terminate() }
+        do {
+            _ = try await a.waitForStderrLine(containing: "Advertising over Bluetooth", timeout: .seconds(60))
+            _ = try await b.waitForStderrLine(containing: "Advertising over Bluetooth", timeout: .seconds(60))
+            _ = try await b.waitForLine(containing: "* alice joined", timeout: .seconds(120))
+            _ = try await a.waitForLine(containing: "* bob joined", timeout: .seconds(60))
+            a.type("hi bob, found you over SDP\n")
+            b.type("hi alice\n")
+            _ = try await b.waitForLine(containing: "alice: hi bob, found you over SDP", timeout: .seconds(30))
+            _ = try await a.waitForLine(containing: "bob: hi alice", timeout: .seconds(30))
+            b.type("/peers\n")
+            // the /peers line: "  alice  FINGERPRINT  rfcomm bt://…  encrypted  code …"
+            let peers = try await b.waitForStderrLine(containing: "encrypted  code", timeout: .seconds(30))
+            #expect(peers.contains("rfcomm") || peers.contains("l2cap"), "\(peers)")
+            #expect(peers.contains("encrypted") && !peers.contains("NOT encrypted"), "\(peers)")
+        } catch {
+            Issue.record("alice's stderr:\n\(a.stderr)\nbob's stderr:\n\(b.stderr)")
+            throw error
+        }
+        b.closeInput()
+        #expect(try await b.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(b.stderr)")
+        a.closeInput()
+        #expect(try await a.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(a.stderr)")
+    }
 }
