@@ -142,6 +142,71 @@ public struct FileSender: Sendable {
             throw ResourceMessage.violation("a \(other.kind) message instead of an answer to the offer")
         }
         transfer.accepted(at: offset)
+
+        // The bytes go out while the receiver's answer is awaited: a receiver that fails during
+        // the data (disk full) answers at once and reads no more, and a sender that only wrote
+        // would wait forever for credit that never comes.
+        let sender = self
+        let answer = try await withThrowingTaskGroup(of: Leg.self) { group -> ResourceMessage? in
+            group.addTask { [reader] in
+                var reader = reader
+                return .answer(try await reader.next())
+            }
+            group.addTask {
+                try await sender.sendBytes(of: file, from: offset, over: channel, transfer: transfer)
+                return .sent
+            }
+            var sent = false
+            var answered = false
+            var answer: ResourceMessage?
+            while let leg = try await group.next() {
+                switch leg {
+                case .sent:
+                    sent = true
+                case .answer(let message):
+                    answered = true
+                    answer = message
+                }
+                guard answered else { continue }
+                if sent { return answer }
+                switch answer {
+                case .verdict(.verified)?, .verdict(.checksumMismatch)?:
+                    // The receiver had every byte: the data leg is ending.
+                    continue
+                default:
+                    // The receiver gave up (or broke the protocol) before the last byte: stop sending.
+                    group.cancelAll()
+                    return answer
+                }
+            }
+            return answer
+        }
+        switch answer {
+        case .verdict(.verified):
+            return
+        case .verdict(.checksumMismatch):
+            throw TransferFailure(.checksumMismatch, "\(transfer.peer.displayName) received \(file.name) damaged (its SHA-256 does not match) and removed it: send it again")
+        case .verdict(.error(let reason)):
+            throw TransferFailure(.fileSystem, "\(transfer.peer.displayName) could not save \(file.name): \(reason)")
+        case .cancel(let reason):
+            throw TransferFailure(.cancelledByPeer, "cancelled by the peer: \(reason)")
+        case nil:
+            throw PeerLinkError(.notConnected, "the receiver closed the stream before its verdict")
+        case let other?:
+            throw ResourceMessage.violation("a \(other.kind) message instead of the verdict")
+        }
+    }
+
+    /// One leg of an accepted offer: the bytes all queued, or the receiver's answer.
+    private enum Leg: Sendable {
+        case sent
+        case answer(ResourceMessage?)
+    }
+
+    /// Sends the file's bytes from `offset` on, as `DATA` messages, reporting progress.
+    private func sendBytes(
+        of file: OutgoingFile, from offset: UInt64, over channel: any ResourceChannel, transfer: FileTransfer
+    ) async throws {
         let source: PosixFile
         do {
             source = try PosixFile.openForReading(file.path)
@@ -177,20 +242,6 @@ public struct FileSender: Sendable {
             position += UInt64(count)
             let rate = meter.record(bytes: position, at: clock.now - start)
             transfer.report(TransferProgress(bytesDone: position, total: file.size, bytesPerSecond: rate, resumedAt: offset))
-        }
-        switch try await reader.next() {
-        case .verdict(.verified):
-            return
-        case .verdict(.checksumMismatch):
-            throw TransferFailure(.checksumMismatch, "\(transfer.peer.displayName) received \(file.name) damaged (its SHA-256 does not match) and removed it: send it again")
-        case .verdict(.error(let reason)):
-            throw TransferFailure(.fileSystem, "\(transfer.peer.displayName) could not save \(file.name): \(reason)")
-        case .cancel(let reason):
-            throw TransferFailure(.cancelledByPeer, "cancelled by the peer: \(reason)")
-        case nil:
-            throw PeerLinkError(.notConnected, "the receiver closed the stream before its verdict")
-        case let other?:
-            throw ResourceMessage.violation("a \(other.kind) message instead of the verdict")
         }
     }
 }

@@ -6,7 +6,9 @@ import PeerLinkCore
 /// Errors the methods throw tell the transfer what happened: a ``PeerLinkCore/PeerLinkError``
 /// with code `cancelled` means the peer reset the stream (its message carries the peer's
 /// reason); any other error means the link went away, and a sender resumes once the peer is
-/// back.
+/// back. A ``read()`` or ``write(_:)`` that waits must end (throwing `CancellationError`) when
+/// its task is cancelled: a sender reads the receiver's answer while it writes, and cancels
+/// the write when an answer comes before the last byte.
 public protocol ResourceChannel: Sendable {
     /// Writes all of `bytes`, suspending while the peer cannot take more (back-pressure).
     func write(_ bytes: [UInt8]) async throws

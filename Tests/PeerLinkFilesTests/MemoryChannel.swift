@@ -3,7 +3,8 @@ import PeerLinkFiles
 import Synchronization
 
 /// One direction of an in-memory byte pipe with a bounded buffer: a writer suspends while the
-/// buffer is full (back-pressure, as a stream without credit).
+/// buffer is full (back-pressure, as a stream without credit). A waiting reader or writer ends
+/// with `CancellationError` when its task is cancelled, as a session's stream does.
 final class BytePipe: Sendable {
     private struct State {
         var chunks: [[UInt8]] = []
@@ -21,8 +22,9 @@ final class BytePipe: Sendable {
         self.capacity = capacity
     }
 
-    func write(_ bytes: [UInt8]) async throws(PeerLinkError) {
+    func write(_ bytes: [UInt8]) async throws {
         while true {
+            try Task.checkCancellation()
             let outcome = state.withLock { state -> Result<Bool, PeerLinkError> in
                 if let error = state.error { return .failure(error) }
                 if state.finished { return .failure(PeerLinkError(.invalidParameter, "write after finish")) }
@@ -37,20 +39,25 @@ final class BytePipe: Sendable {
                 wakeReader()
                 return
             case .success(false):
-                await withCheckedContinuation { continuation in
-                    let resumeNow = state.withLock { state -> Bool in
-                        if state.error != nil || state.buffered < capacity { return true }
-                        state.writers.append(continuation)
-                        return false
+                await withTaskCancellationHandler {
+                    await withCheckedContinuation { continuation in
+                        let resumeNow = state.withLock { state -> Bool in
+                            if state.error != nil || state.buffered < capacity || Task.isCancelled { return true }
+                            state.writers.append(continuation)
+                            return false
+                        }
+                        if resumeNow { continuation.resume() }
                     }
-                    if resumeNow { continuation.resume() }
+                } onCancel: {
+                    wakeWriters()
                 }
             }
         }
     }
 
-    func read() async throws(PeerLinkError) -> [UInt8]? {
+    func read() async throws -> [UInt8]? {
         while true {
+            try Task.checkCancellation()
             let outcome = state.withLock { state -> Result<[UInt8]??, PeerLinkError> in
                 if let error = state.error { return .failure(error) }
                 if !state.chunks.isEmpty {
@@ -66,13 +73,17 @@ final class BytePipe: Sendable {
                 wakeWriters()
                 return chunk
             case .success(nil):
-                await withCheckedContinuation { continuation in
-                    let resumeNow = state.withLock { state -> Bool in
-                        if state.error != nil || !state.chunks.isEmpty || state.finished { return true }
-                        state.reader = continuation
-                        return false
+                await withTaskCancellationHandler {
+                    await withCheckedContinuation { continuation in
+                        let resumeNow = state.withLock { state -> Bool in
+                            if state.error != nil || !state.chunks.isEmpty || state.finished || Task.isCancelled { return true }
+                            state.reader = continuation
+                            return false
+                        }
+                        if resumeNow { continuation.resume() }
                     }
-                    if resumeNow { continuation.resume() }
+                } onCancel: {
+                    wakeReader()
                 }
             }
         }
