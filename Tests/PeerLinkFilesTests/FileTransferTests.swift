@@ -239,6 +239,46 @@ struct FileTransferTests {
         #expect(try lab.files() == ["notes.txt"])
     }
 
+    @Test func receiverFailingDuringTheDataStopsTheSender() async throws {
+        // A receiver that accepts, takes one DATA message, answers VERDICT 2 (as on a full disk)
+        // and reads no more: the sender, short of credit, must stop and report it, not wait.
+        let (near, far) = MemoryChannel.pair(capacity: 64 * 1024)
+        let receiver = Task {
+            var decoder = ResourceMessageDecoder()
+            var dataMessages = 0
+            while dataMessages == 0, let bytes = try await far.read() {
+                decoder.append(bytes)
+                while let message = try decoder.next() {
+                    switch message {
+                    case .offer: try await far.write(try ResourceMessage.accept(offset: 0).encoded())
+                    case .data: dataMessages += 1
+                    default: break
+                    }
+                }
+            }
+            try await far.write(try ResourceMessage.verdict(.error("the disk is full")).encoded())
+            try await far.finish()
+        }
+        let (path, _) = try FileLab.makeFile(size: 8 * 1024 * 1024)
+        let opened = Mutex(0)
+        let sending = FileSender().send(try await OutgoingFile.prepare(path: path), to: FileLab.bob) {
+            opened.withLock { $0 += 1 }
+            return near
+        }
+        // A sender that waits for credit forever fails the test instead of stalling it.
+        let watchdog = Task {
+            try await Task.sleep(for: .seconds(30))
+            sending.cancel(reason: "the test stopped waiting for the sender")
+        }
+        defer { watchdog.cancel() }
+        let failure = try #require(await sending.failure())
+        #expect(failure.kind == .fileSystem)
+        #expect(failure.message == "bob could not save data.bin: the disk is full")
+        #expect(opened.withLock { $0 } == 1, "not taken for a lost link: no second offer")
+        #expect(near.written.withLock { $0 } < 1024 * 1024, "the sender stopped early: \(near.written.withLock { $0 }) bytes")
+        try await receiver.value
+    }
+
     @Test func permissionDeniedIsAClearError() async throws {
         // Root writes anywhere a mode allows nothing, but not into sysfs.
         let directory = geteuid() == 0 ? "/sys/kernel" : try FileLab.temporaryDirectory()
