@@ -230,9 +230,11 @@ public struct IncomingFile: Sendable {
             throw TransferFailure(.checksumMismatch, "\(name) from \(peer.displayName) arrived damaged (its SHA-256 does not match the offer): removed; ask them to send it again")
         }
         do {
-            try part.sync()
+            // Flushing a large file can take seconds: on a thread of its own, not the pool's.
+            try await runBlocking("peerlink-fsync") { try part.sync() }
         } catch {
-            let failure = FileErrors.writing(directory, error)
+            let failure = (error as? SystemError).map { FileErrors.writing(directory, $0) }
+                ?? TransferFailure(.fileSystem, "cannot write to \(directory): \(error)")
             try? await channel.send(.verdict(.error(failure.message)))
             throw failure
         }

@@ -143,12 +143,14 @@ struct LargeFileTests {
 
         // Figures, not assertions: the benchmark watches speed.
         let sentTimes = pingsSent.value
-        let roundTrips = zip(sentTimes, pair.atSender.messages(prefixed: "pong ")).map { sent, pong in pong.time - sent }.sorted()
+        let trips = zip(sentTimes, pair.atSender.messages(prefixed: "pong ")).map { sent, pong in pong.time - sent }
+        let roundTrips = trips.sorted()
+        let worstIndex = trips.indices.max { trips[$0] < trips[$1] } ?? 0
         let seconds = Double((end - start).components.seconds) + Double((end - start).components.attoseconds) / 1e18
         print("""
             1 GiB test: middle half at \(Int(Double(file.size / 2) / seconds / 1e6)) MB/s; \
             \(pingCount) pings, \(chatCount) chats; ping round trip p50 \(roundTrips.isEmpty ? Duration.zero : roundTrips[roundTrips.count / 2]), \
-            worst \(roundTrips.last ?? .zero); RSS \(baseline >> 20) MiB before, peak \(memory.peak >> 20) MiB \
+            worst \(roundTrips.last ?? .zero) (ping \(worstIndex + 1)); RSS \(baseline >> 20) MiB before, peak \(memory.peak >> 20) MiB \
             (\(memory.count) samples)
             """)
     }
