@@ -144,13 +144,17 @@ struct BluetoothDiscoveryLabTests {
         #expect(ids.isSuperset(of: [first.id, second.id]), "\(scan.stderr)")
     }
 
-    @Test("two chats with --transport bluetooth, one per controller, find each other over SDP and talk", .timeLimit(.minutes(4)))
-    func twoChatsFindEachOtherOverBluetooth() async throws {
+    // `auto` without avahi-daemon (the lab runs none unless a test starts one): LAN discovery
+    // is off, so auto falls back to Bluetooth alone.
+    @Test(
+        "two chats with --transport bluetooth (or auto, without avahi-daemon), one per controller, find each other over SDP and talk",
+        .timeLimit(.minutes(4)), arguments: ["bluetooth", "auto"])
+    func twoChatsFindEachOtherOverBluetooth(_ transport: String) async throws {
         let a = try ChildProcess.peerlink(
-            ["chat", "--name", "alice", "--transport", "bluetooth", "--adapter", DiscoveryLab.advertiserAdapter], withInput: true)
+            ["chat", "--name", "alice", "--transport", transport, "--adapter", DiscoveryLab.advertiserAdapter], withInput: true)
         defer { a.terminate() }
         let b = try ChildProcess.peerlink(
-            ["chat", "--name", "bob", "--transport", "bluetooth", "--adapter", DiscoveryLab.scannerAdapter], withInput: true)
+            ["chat", "--name", "bob", "--transport", transport, "--adapter", DiscoveryLab.scannerAdapter], withInput: true)
         defer { b.terminate() }
         do {
             _ = try await a.waitForStderrLine(containing: "Advertising over Bluetooth", timeout: .seconds(60))
@@ -174,5 +178,50 @@ struct BluetoothDiscoveryLabTests {
         #expect(try await b.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(b.stderr)")
         a.closeInput()
         #expect(try await a.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(a.stderr)")
+    }
+
+    @Test(
+        "auto with avahi-daemon in the lab: two chats meet on the LAN and over Bluetooth, are one peer each, and talk over TCP",
+        .timeLimit(.minutes(4)))
+    func autoMergesLANAndBluetooth() async throws {
+        // An avahi-daemon of the guest's own (lo only; the VM has no network card at all).
+        let script = try #require(TestHost.repositoryRoot.map { $0 + "/Hardware/daemons.sh" })
+        let state = TestHost.temporaryDirectory("peerlink-lab-avahi")
+        let started = try await runSpawned("/bin/bash", [script, "start-avahi", "--state", state], timeout: .seconds(60))
+        try #require(started.status == 0, "\(started.stdout)\n\(started.stderr)")
+        let a = try ChildProcess.peerlink(
+            ["chat", "--name", "alice", "--transport", "auto", "--adapter", DiscoveryLab.advertiserAdapter], withInput: true)
+        let b = try ChildProcess.peerlink(
+            ["chat", "--name", "bob", "--transport", "auto", "--adapter", DiscoveryLab.scannerAdapter], withInput: true)
+        do {
+            _ = try await a.waitForStderrLine(containing: "Advertising over Bluetooth", timeout: .seconds(60))
+            _ = try await b.waitForStderrLine(containing: "Advertising over Bluetooth", timeout: .seconds(60))
+            _ = try await b.waitForLine(containing: "* alice joined", timeout: .seconds(120))
+            _ = try await a.waitForLine(containing: "* bob joined", timeout: .seconds(60))
+            // Both chats also find each other over Bluetooth (an inquiry and SDP take seconds);
+            // give that time, then the peer is still one, on the LAN's TCP link.
+            try await Task.sleep(for: .seconds(15))
+            b.type("hi alice\n")
+            _ = try await a.waitForLine(containing: "bob: hi alice", timeout: .seconds(30))
+            let before = b.stderrLines.count
+            b.type("/peers\n")
+            let peers = try await b.waitForStderrLine(containing: "encrypted  code", timeout: .seconds(30))
+            #expect(peers.contains("alice") && peers.contains("tcp"), "\(peers)")
+            try await Task.sleep(for: .seconds(1))
+            let listed = b.stderrLines.dropFirst(before).filter { $0.contains("encrypted  code") }
+            #expect(listed.count == 1, "one peer, not one per transport: \(listed)")
+            #expect(!b.stdout.contains("* alice left") && !a.stdout.contains("* bob left"), "no link was dropped for another")
+        } catch {
+            Issue.record("alice's stderr:\n\(a.stderr)\nbob's stderr:\n\(b.stderr)")
+            a.terminate()
+            b.terminate()
+            _ = try? await runSpawned("/bin/bash", [script, "stop-avahi", "--state", state], timeout: .seconds(60))
+            throw error
+        }
+        b.closeInput()
+        #expect(try await b.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(b.stderr)")
+        a.closeInput()
+        #expect(try await a.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(a.stderr)")
+        _ = try await runSpawned("/bin/bash", [script, "stop-avahi", "--state", state], timeout: .seconds(60))
     }
 }
