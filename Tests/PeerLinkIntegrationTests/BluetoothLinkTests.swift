@@ -83,6 +83,33 @@ struct BluetoothLinkTests {
         #expect(received.packets.count == (record.count + 671) / 672, "each read is one packet: \(received.packets)")
     }
 
+    // L2CAP's Basic mode has no flow control: a receiver whose socket buffer is full drops
+    // what keeps arriving. PeerLink asks for Enhanced Retransmission Mode, which holds the
+    // sender back instead.
+    @Test func l2capReceiverThatFallsBehindLosesNothing() async throws {
+        let (server, client, listener) = try await Self.connectedPair(.l2cap)
+        let watchdog = Task {
+            // a lost packet would leave the reader waiting for bytes that never come
+            try await Task.sleep(for: .seconds(90))
+            server.close()
+        }
+        defer {
+            watchdog.cancel()
+            client.close()
+            server.close()
+            listener.close()
+        }
+        #expect(client.retransmissionMode == true, "the dialled channel runs in ERTM")
+        #expect(server.retransmissionMode == true, "the accepted channel runs in ERTM")
+        let bulk = BluetoothLab.pattern(2 << 20, seed: 5)
+        async let sent: Void = client.write(bulk)
+        // The reader starts late, so the receiving socket's buffer fills first.
+        try await Task.sleep(for: .seconds(3))
+        let received = try await Self.readAll(server, count: bulk.count)
+        try await sent
+        #expect(BluetoothLab.digest(received.bytes) == BluetoothLab.digest(bulk))
+    }
+
     @Test(arguments: [
         "bt://ADDR/rfcomm/29", "bt://ADDR/l2cap/0x1e01",
     ])
