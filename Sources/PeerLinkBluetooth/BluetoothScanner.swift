@@ -21,8 +21,9 @@ public struct BluetoothDevice: Hashable, Sendable {
     }
 }
 
-/// Finds nearby BR/EDR devices: through bluetoothd's discovery when it runs (no privilege
-/// needed), else with an HCI inquiry (needs CAP_NET_RAW and CAP_NET_ADMIN, or root).
+/// Finds nearby BR/EDR devices: through bluetoothd's discovery when it runs, else with an HCI
+/// inquiry. Neither needs privileges (the kernel's HCI command filter lets any user inquire and
+/// read remote names); a system that refuses them gets an error naming CAP_NET_RAW.
 public enum BluetoothScanner {
     public enum Method: String, Sendable {
         case bluetoothd

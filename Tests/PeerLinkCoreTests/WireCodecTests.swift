@@ -17,8 +17,8 @@ struct WireConstantsTests {
         #expect(WireFormat.maxPrefaceLength == 277)
         let policy = LinkPolicy.default
         #expect(policy.handshakeTimeout == .seconds(10))
-        #expect(policy.keepAliveInterval == .milliseconds(2500))
-        #expect(policy.keepAliveTimeout == .seconds(10))
+        #expect(policy.keepAliveInterval == .seconds(2))
+        #expect(policy.keepAliveTimeout == .seconds(8))
     }
 
     @Test func goAwayCodesHaveTheSpecNumbers() {

@@ -132,6 +132,22 @@ struct BluetoothDiscoveryLabTests {
         #expect(text.stdout.contains("HCI inquiry"), "\(text.stdout)\n\(text.stderr)")
     }
 
+    @Test("without bluetoothd and without root (as nobody): the HCI inquiry still finds the other controller", .timeLimit(.minutes(3)))
+    func inquiryNeedsNoPrivileges() async throws {
+        let setpriv = try #require(TestHost.which("setpriv"), "setpriv (util-linux) runs the scan as nobody")
+        let bus = try await PrivateBus()  // a system bus without bluetoothd
+        let home = TestHost.temporaryDirectory("peerlink-nobody")
+        #expect(chown(home, 65534, 65534) == 0)
+        let scan = try await runCommand(
+            setpriv,
+            ["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", TestHost.peerlinkBinary,
+             "scan", "--bluetooth", "--adapter", DiscoveryLab.scannerAdapter, "--timeout", "3"],
+            environment: ["DBUS_SYSTEM_BUS_ADDRESS": bus.address, "HOME": home], timeout: .seconds(120))
+        #expect(scan.status == 0, "\(scan.stdout)\n\(scan.stderr)")
+        #expect(scan.stdout.contains("HCI inquiry"), "\(scan.stdout)\n\(scan.stderr)")
+        #expect(scan.stdout.contains(DiscoveryLab.advertiserAddress), "\(scan.stdout)\n\(scan.stderr)")
+    }
+
     @Test("two peers (two identities) advertise the same service type through one bluetoothd; a scan finds both", .timeLimit(.minutes(3)))
     func twoPeersOnOneMachine() async throws {
         let first = try await DiscoveryLab.advertise(name: "Lab Gina")

@@ -72,7 +72,9 @@ struct WakeOutsideLockTests {
     @Test("a link's own tasks (writer, reader, ticker, event consumer) are woken with its lock released")
     func linkRunning() async throws {
         let log = TestLog()
-        let pair = try await MemoryLinkTests.pair(log: log)
+        // A manual clock that never moves: under a loaded parallel test run one side can be
+        // starved for seconds, and the keep-alive must not end the link meanwhile.
+        let pair = try await MemoryLinkTests.pair(clock: ManualClock(), log: log)
         let probe = WakeProbe { _ = pair.dialer.closure }
         // Everything of the dialer runs on the probe's executor: run() and its child tasks,
         // and the consumer of its events.
