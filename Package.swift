@@ -101,11 +101,11 @@ let package = Package(
             swiftSettings: strict
         ),
 
-        // The benchmark (not a test): sessions against raw sockets, in one run.
+        // The benchmark (not a test): sessions against raw sockets (TCP, RFCOMM, L2CAP), in one run.
         .executableTarget(
             name: "peerlink-bench",
             dependencies: [
-                "PeerLink", .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                "PeerLink", "CBlueZ", .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict

@@ -7,32 +7,75 @@ import PeerLink
 import Glibc
 #endif
 
-/// The PeerLink benchmark: sessions over loopback TCP, each figure next to a raw baseline
-/// measured in the same run. Build it in release mode: `swift run -c release peerlink-bench`.
+/// The PeerLink benchmark: sessions over loopback TCP (or, with `--bluetooth`, over RFCOMM and
+/// L2CAP between two local adapters), each figure next to a raw baseline measured in the same
+/// run. Build it in release mode: `swift run -c release peerlink-bench`.
 @main
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "peerlink-bench",
-        abstract: "Measure PeerLink sessions over loopback TCP against raw TCP, in this run.",
+        abstract: "Measure PeerLink sessions against raw sockets on the same link, in this run.",
         discussion: """
-            Prints one table: throughput for 64 B, 1 KiB, 64 KiB and 1 MiB messages (encrypted and \
-            not) next to raw TCP with the ratio; small-message round trips (p50/p99) alone and \
-            during a bulk transfer; found-to-connected time; 8-peer mesh formation time; peak RSS. \
-            Traffic stays on 127.0.0.1. Bluetooth (RFCOMM and L2CAP sessions next to a raw socket on the same \
-            link) joins once those transports exist: see the Performance article.
+            By default, over loopback TCP: throughput for 64 B, 1 KiB, 64 KiB and 1 MiB messages \
+            (encrypted and not) next to raw TCP with the ratio; small-message round trips (p50/p99) \
+            alone and during a bulk transfer; found-to-connected time; 8-peer mesh formation time; \
+            peak RSS. Traffic stays on 127.0.0.1.
+
+            With --bluetooth, over RFCOMM and L2CAP from one local adapter to another (a listener \
+            on --listen-on, a dialler on --dial-from): connect time, throughput of encrypted 1 KiB \
+            and 64 KiB messages and of one stream, and 64 B round trips, each next to a raw socket \
+            of the same kind between the same adapters. Needs a kernel with Bluetooth and two \
+            adapters that reach each other: the VM lab has them (Hardware/bluetooth-bench.sh).
             """)
 
-    @Flag(help: "A few-second run (CI): small volumes, few samples. The figures are not meaningful.")
+    @Flag(help: "A short run (CI): small volumes, few samples. The figures are not meaningful.")
     var smoke = false
 
-    @Option(help: "Bytes moved per throughput measurement (default: 64 MiB, 2 MiB with --smoke).")
+    @Option(help: "Bytes moved per throughput measurement (default: 64 MiB, 2 MiB with --smoke; over Bluetooth 4 MiB, 128 KiB with --smoke).")
     var volume: Int?
+
+    @Flag(help: "Measure RFCOMM and L2CAP between two local Bluetooth adapters instead of loopback TCP.")
+    var bluetooth = false
+
+    @Option(
+        name: .customLong("listen-on"),
+        help: ArgumentHelp("With --bluetooth: the adapter of the listening side (default: the first one that is up).", valueName: "hciN"))
+    var listenOn: String?
+
+    @Option(
+        name: .customLong("dial-from"),
+        help: ArgumentHelp("With --bluetooth: the adapter of the dialling side, which sends (default: the next one that is up).", valueName: "hciN"))
+    var dialFrom: String?
+
+    func validate() throws {
+        if !bluetooth, listenOn != nil || dialFrom != nil {
+            throw ValidationError("--listen-on and --dial-from choose Bluetooth adapters: add --bluetooth")
+        }
+        for (option, name) in [("--listen-on", listenOn), ("--dial-from", dialFrom)] {
+            guard let name else { continue }
+            guard BluetoothBench.isAdapterName(name) else {
+                throw ValidationError("\(option) takes an adapter name such as hci0, not '\(name)' ('hciconfig' lists them)")
+            }
+        }
+        if let listenOn, listenOn == dialFrom {
+            throw ValidationError("--listen-on and --dial-from must name two different adapters (a link needs two ends)")
+        }
+        if let volume, volume < 65536 {
+            throw ValidationError("--volume must be at least 65536 bytes, not \(volume)")
+        }
+    }
 
     func run() async throws {
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = .warning
             return handler
+        }
+        if bluetooth {
+            try await BluetoothBench(
+                smoke: smoke, volume: volume ?? (smoke ? 128 << 10 : 4 << 20), listenOn: listenOn, dialFrom: dialFrom
+            ).run()
+            return
         }
         let volume = self.volume ?? (smoke ? 2 << 20 : 64 << 20)
         let samples = smoke ? 20 : 500
@@ -42,8 +85,8 @@ struct Bench: AsyncParsableCommand {
 
         for encryption in [EncryptionPreference.required, .none] {
             let label = encryption == .none ? "plain" : "encrypted"
-            let pair = try await LoopbackPair.connect(encryption: encryption)
-            report.section("\(label) session (Noise ChaChaPoly\(encryption == .none ? " off" : ""))")
+            let pair = try await SessionPair.loopback(encryption: encryption)
+            report.section("\(label) session (Noise ChaChaPoly\(encryption == .none ? " off" : ""))", baseline: "raw TCP")
             report.row("found → connected", "\(Report.ms(pair.connectTime))", "", "")
             for size in [64, 1024, 64 * 1024, 1024 * 1024] {
                 // Small messages cost per message: move less of them.
@@ -65,12 +108,10 @@ struct Bench: AsyncParsableCommand {
         }
 
         let mesh = try await Mesh.form(peers: 8)
-        report.section("mesh")
+        report.section("mesh", baseline: "")
         report.row("8-peer mesh formation (encrypted)", Report.ms(mesh), "", "")
         report.line("")
-        var usage = rusage()
-        getrusage(RUSAGE_SELF.rawValue, &usage)
-        report.line("peak RSS: \(usage.ru_maxrss / 1024) MiB")
+        report.peakRSS()
     }
 
     static var buildKind: String {
@@ -82,14 +123,15 @@ struct Bench: AsyncParsableCommand {
     }
 }
 
-/// Two connected sessions on 127.0.0.1.
-struct LoopbackPair {
+/// Two connected sessions: `a` sends, `b` receives and echoes.
+struct SessionPair {
     let a: BenchPeer
     let b: BenchPeer
     let tasks: [Task<Void, Never>]
     let connectTime: Duration
 
-    static func connect(encryption: EncryptionPreference) async throws -> LoopbackPair {
+    /// Two sessions on 127.0.0.1, each told of the other: both dial, the tie-break keeps one link.
+    static func loopback(encryption: EncryptionPreference) async throws -> SessionPair {
         let a = try BenchPeer("bench-a", encryption: encryption)
         let b = try BenchPeer("bench-b", encryption: encryption)
         let tasks = [Task { await a.run() }, Task { await b.run() }]
@@ -100,7 +142,39 @@ struct LoopbackPair {
             await a.waitForConnected(1)
             await b.waitForConnected(1)
         }
-        return LoopbackPair(a: a, b: b, tasks: tasks, connectTime: ContinuousClock.now - start)
+        return SessionPair(a: a, b: b, tasks: tasks, connectTime: ContinuousClock.now - start)
+    }
+
+    /// `b` listens for `kind` links on adapter `listenOn`; `a`, on adapter `dialFrom`, connects
+    /// to it (``PeerSession/connect(to:context:timeout:)``: dial, handshake, invitation).
+    static func bluetooth(
+        _ kind: BluetoothSocketKind, listenOn: BluetoothAddress, dialFrom: BluetoothAddress, encryption: EncryptionPreference
+    ) async throws -> SessionPair {
+        let listener = try BluetoothTransportListener(kind, adapter: listenOn)
+        let b = try BenchPeer(
+            "bench-\(kind)-listener", encryption: encryption, transports: [BluetoothTransport(adapter: listenOn)],
+            listeners: [listener], dialTimeout: .seconds(30))
+        let a = try BenchPeer(
+            "bench-\(kind)-dialler", encryption: encryption, transports: [BluetoothTransport(adapter: dialFrom)], listeners: [],
+            dialTimeout: .seconds(30))
+        let tasks = [Task { await a.run() }, Task { await b.run() }]
+        let pair = SessionPair(a: a, b: b, tasks: tasks, connectTime: .zero)
+        do {
+            guard let endpoint = b.endpoints.first else { throw BenchError("the \(kind) listener on \(listenOn) has no endpoint") }
+            try await withDeadline(.seconds(10), "the sessions did not start") {
+                while !a.session.isRunning || !b.session.isRunning { try await Task.sleep(for: .milliseconds(5)) }
+            }
+            let start = ContinuousClock.now
+            try await withDeadline(.seconds(60), "the \(kind) sessions did not connect") {
+                _ = try await a.session.connect(to: endpoint, timeout: .seconds(30))
+                await a.waitForConnected(1)
+                await b.waitForConnected(1)
+            }
+            return SessionPair(a: a, b: b, tasks: tasks, connectTime: ContinuousClock.now - start)
+        } catch {
+            await pair.close()
+            throw error
+        }
     }
 
     /// Seconds to move `total` bytes from a to b as messages of `size`, at most 256 KiB (or 4
@@ -211,9 +285,9 @@ func withDeadline<T: Sendable>(
 final class Report: Sendable {
     func line(_ text: String) { print(text) }
 
-    func section(_ title: String) {
+    func section(_ title: String, baseline: String) {
         print("\(title)")
-        print("  " + pad("measurement", 42) + pad("PeerLink", 16) + pad("raw TCP", 16) + "ratio")
+        print("  " + pad("measurement", 42) + pad("PeerLink", 16) + pad(baseline, 16) + (baseline.isEmpty ? "" : "ratio"))
     }
 
     func row(_ name: String, _ session: String, _ raw: String, _ ratio: String) {
@@ -233,6 +307,12 @@ final class Report: Sendable {
         row(name + " p99", Self.us(s.p99), r.map { Self.us($0.p99) } ?? "", r.map { String(format: "%.2f", s.p99 / $0.p99) } ?? "")
     }
 
+    func peakRSS() {
+        var usage = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &usage)
+        line("peak RSS: \(usage.ru_maxrss / 1024) MiB")
+    }
+
     static func percentiles(_ values: [Double]) -> (p50: Double, p99: Double) {
         let sorted = values.sorted()
         guard !sorted.isEmpty else { return (0, 0) }
@@ -244,7 +324,9 @@ final class Report: Sendable {
         bytesPerSecond >= 1e9 ? String(format: "%.2f GB/s", bytesPerSecond / 1e9) : String(format: "%.1f MB/s", bytesPerSecond / 1e6)
     }
 
-    static func us(_ seconds: Double) -> String { String(format: "%.0f µs", seconds * 1e6) }
+    static func us(_ seconds: Double) -> String {
+        seconds >= 0.001 ? String(format: "%.1f ms", seconds * 1e3) : String(format: "%.0f µs", seconds * 1e6)
+    }
     static func ms(_ duration: Duration) -> String { String(format: "%.1f ms", durationSeconds(duration) * 1000) }
     static func size(_ bytes: Int) -> String { bytes >= 1 << 20 ? "\(bytes >> 20) MiB" : bytes >= 1024 ? "\(bytes >> 10) KiB" : "\(bytes) B" }
 

@@ -2,15 +2,15 @@ import Foundation
 import PeerLink
 import Synchronization
 
-/// One session of the benchmark, on 127.0.0.1, with its events consumed in a task of its own:
-/// it counts bulk bytes, echoes pings, answers pongs, and records who is connected.
+/// One session of the benchmark, with its events consumed in a task of its own: it counts bulk
+/// bytes, echoes pings, answers pongs, and records who is connected.
 final class BenchPeer: Sendable {
     static let service = try! ServiceType("bench")
     static let ping: UInt8 = 0x50
     static let pong: UInt8 = 0x51
 
     let session: PeerSession
-    let listener: TCPTransportListener
+    let listeners: [any TransportListener]
     private let state = Mutex(State())
 
     private struct State {
@@ -20,18 +20,30 @@ final class BenchPeer: Sendable {
         var pong: CheckedContinuation<Void, Never>?
     }
 
-    init(_ name: String, encryption: EncryptionPreference, automatic: Bool = true) throws {
-        listener = try TCPTransportListener(host: "127.0.0.1")
+    /// A session on 127.0.0.1 (TCP).
+    convenience init(_ name: String, encryption: EncryptionPreference, automatic: Bool = true) throws {
+        try self.init(
+            name, encryption: encryption, automatic: automatic, transports: [TCPTransport()],
+            listeners: [try TCPTransportListener(host: "127.0.0.1")])
+    }
+
+    /// A session over `transports`, reached at `listeners` (none: it only dials).
+    init(
+        _ name: String, encryption: EncryptionPreference, automatic: Bool = true, transports: [any Transport],
+        listeners: [any TransportListener], dialTimeout: Duration = .seconds(5)
+    ) throws {
+        self.listeners = listeners
         session = PeerSession(
             configuration: PeerSessionConfiguration(
                 identity: .generate(), displayName: try DisplayName(name), serviceType: Self.service,
-                encryption: encryption, policy: SessionPolicy(automatic: automatic)),
-            transport: TCPTransport(), listener: listener)
+                encryption: encryption, policy: SessionPolicy(automatic: automatic), dialTimeout: dialTimeout),
+            transports: transports, listeners: listeners)
     }
 
     var peer: PeerID { session.localPeer }
+    var endpoints: [Endpoint] { listeners.flatMap(\.localEndpoints) }
     var discovered: DiscoveredPeer {
-        DiscoveredPeer(id: peer, protocolVersion: 1, endpoints: listener.localEndpoints, info: try! DiscoveryInfo())
+        DiscoveredPeer(id: peer, protocolVersion: 1, endpoints: endpoints, info: try! DiscoveryInfo())
     }
 
     /// Runs the session and consumes its events until the session ends.
@@ -54,7 +66,7 @@ final class BenchPeer: Sendable {
                 }
             }
         }
-        listener.close()
+        for listener in listeners { listener.close() }
     }
 
     private func handle(_ event: PeerSessionEvent) async {

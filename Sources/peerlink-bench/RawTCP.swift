@@ -1,3 +1,6 @@
+// CBlueZ (for RawBluetooth.swift) brings its own view of <sys/socket.h> into this module: its
+// socket constants are found through it.
+internal import CBlueZ
 import Foundation
 
 #if canImport(Glibc)

@@ -1,0 +1,124 @@
+import Foundation
+import PeerLink
+
+/// `peerlink-bench --bluetooth`: for RFCOMM and L2CAP in turn, a raw socket and then an
+/// encrypted session over the same kind of link between the same two adapters, the dialling
+/// side sending.
+struct BluetoothBench {
+    let smoke: Bool
+    let volume: Int
+    let listenOn: String?
+    let dialFrom: String?
+
+    static func isAdapterName(_ name: String) -> Bool {
+        name.hasPrefix("hci") && name.count > 3 && name.dropFirst(3).allSatisfy(\.isNumber)
+    }
+
+    func run() async throws {
+        let (listening, dialling) = try chooseAdapters()
+        guard let listenAddress = BluetoothAddress(listening.address), let dialAddress = BluetoothAddress(dialling.address) else {
+            throw BenchError("the adapters report addresses PeerLink cannot read: \(listening.address), \(dialling.address)")
+        }
+        let samples = smoke ? 10 : 200
+        let report = Report()
+        report.line(
+            "peerlink-bench --bluetooth\(smoke ? " --smoke" : "") — \(listening.name) \(listening.address) listens, "
+                + "\(dialling.name) \(dialling.address) dials and sends; \(ProcessInfo.processInfo.activeProcessorCount) CPUs, "
+                + "\(Bench.buildKind) build")
+        report.line("")
+        for kind in BluetoothSocketKind.allCases {
+            let name = kind.rawValue.uppercased()
+
+            // The baseline first, on a link of its own.
+            try await waitForNoLink(dialling)
+            let raw = try RawBluetoothLink.connect(kind, listenOn: listenAddress, dialFrom: dialAddress)
+            let rawResults: (throughput: Double, roundTrips: [Double])
+            do {
+                rawResults = (try raw.throughput(total: volume), try raw.roundTrips(size: 64, samples: samples))
+            } catch {
+                raw.close()
+                throw error
+            }
+            raw.close()
+
+            try await waitForNoLink(dialling)
+            let pair = try await SessionPair.bluetooth(kind, listenOn: listenAddress, dialFrom: dialAddress, encryption: .required)
+            do {
+                var title = "\(name) — encrypted session (Noise ChaChaPoly) next to a raw \(name) socket"
+                if let mtu = raw.outgoingMTU {
+                    title += "; \(raw.retransmissionMode == true ? "ERTM" : "Basic mode"), MTU \(mtu) both"
+                }
+                report.section(title, baseline: "raw \(name)")
+                report.row(
+                    "connect (+ handshake, invitation)", Report.ms(pair.connectTime), Report.ms(raw.connectTime),
+                    String(format: "%.2f", durationSeconds(pair.connectTime) / durationSeconds(raw.connectTime)))
+                for size in [1024, 64 * 1024] {
+                    let session = try await pair.throughput(messageSize: size, total: volume)
+                    report.throughput("\(Report.size(size)) messages, \(Report.size(volume))", bytes: volume, session: session, raw: rawResults.throughput)
+                }
+                let streamed = try await pair.streamThroughput(total: volume)
+                report.throughput("one stream of \(Report.size(volume))", bytes: volume, session: streamed, raw: rawResults.throughput)
+                let alone = try await pair.roundTrips(samples: samples, duringBulk: false)
+                report.latency("64 B round trip", session: alone, raw: rawResults.roundTrips)
+                let loaded = try await pair.roundTrips(samples: samples, duringBulk: true)
+                report.latency("64 B round trip during a bulk stream", session: loaded, raw: nil)
+            } catch {
+                await pair.close()
+                throw error
+            }
+            await pair.close()
+            report.line("")
+        }
+        report.line("raw: one non-blocking socket per side, \(Report.size(volume)) of a pattern checked byte by byte at the")
+        report.line("receiver (RFCOMM: 64 KiB writes; L2CAP: packets of the MTU); each session rate is divided by that raw rate.")
+        report.peakRSS()
+    }
+
+    /// The adapters named, or the first two that are up; errors say what to do.
+    private func chooseAdapters() throws -> (listening: BluetoothAdapter, dialling: BluetoothAdapter) {
+        let adapters: [BluetoothAdapter]
+        do {
+            adapters = try BluetoothAdapter.all()
+        } catch {
+            guard error.code == .unsupported else { throw error }
+            throw BenchError(
+                "this kernel has no Bluetooth (socket(AF_BLUETOOTH): address family not supported): run the Bluetooth "
+                    + "benchmark in the VM lab, Hardware/bluetooth-bench.sh, whose two virtual adapters reach each other")
+        }
+        let up = adapters.filter(\.isUp)
+        var listening = up.first { $0.name != dialFrom }
+        if let listenOn { listening = try Self.adapter(named: listenOn, in: adapters) }
+        var dialling = up.first { $0.name != listening?.name }
+        if let dialFrom { dialling = try Self.adapter(named: dialFrom, in: adapters) }
+        guard let listening, let dialling else {
+            throw BenchError(
+                "the Bluetooth benchmark needs two adapters that are up (this machine has \(up.count)): "
+                    + "run it in the VM lab, Hardware/bluetooth-bench.sh")
+        }
+        return (listening, dialling)
+    }
+
+    private static func adapter(named name: String, in adapters: [BluetoothAdapter]) throws -> BluetoothAdapter {
+        guard let adapter = adapters.first(where: { $0.name == name }) else {
+            let names = adapters.map(\.name).joined(separator: ", ")
+            throw BenchError("there is no adapter \(name) (this machine has \(names.isEmpty ? "none" : names))")
+        }
+        guard adapter.isUp else { throw BenchError("adapter \(name) is down: 'sudo hciconfig \(name) up'") }
+        return adapter
+    }
+
+    /// Waits (at most 10 s) until `adapter` has no link left from the measurement before, so
+    /// every connect time includes paging (the kernel keeps an idle ACL link a few seconds).
+    private func waitForNoLink(_ adapter: BluetoothAdapter) async throws {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while Self.hasLink(adapter), ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(100))
+        }
+    }
+
+    /// Whether the kernel lists a connection of `adapter` (`/sys/class/bluetooth/hciN:HANDLE`).
+    private static func hasLink(_ adapter: BluetoothAdapter) -> Bool {
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/sys/class/bluetooth")) ?? []
+        return entries.contains { $0.hasPrefix(adapter.name + ":") }
+    }
+}
