@@ -27,51 +27,63 @@ struct BluetoothBench {
                 + "\(Bench.buildKind) build")
         report.line("")
         for kind in BluetoothSocketKind.allCases {
-            let name = kind.rawValue.uppercased()
-
-            // The baseline first, on a link of its own.
-            try await waitForNoLink(dialling)
-            let raw = try RawBluetoothLink.connect(kind, listenOn: listenAddress, dialFrom: dialAddress)
-            let rawResults: (throughput: Double, roundTrips: [Double])
-            do {
-                rawResults = (try raw.throughput(total: volume), try raw.roundTrips(size: 64, samples: samples))
-            } catch {
-                raw.close()
-                throw error
-            }
-            raw.close()
-
-            try await waitForNoLink(dialling)
-            let pair = try await SessionPair.bluetooth(kind, listenOn: listenAddress, dialFrom: dialAddress, encryption: .required)
-            do {
-                var title = "\(name) — encrypted session (Noise ChaChaPoly) next to a raw \(name) socket"
-                if let mtu = raw.outgoingMTU {
-                    title += "; \(raw.retransmissionMode == true ? "ERTM" : "Basic mode"), MTU \(mtu) both"
-                }
-                report.section(title, baseline: "raw \(name)")
-                report.row(
-                    "connect (+ handshake, invitation)", Report.ms(pair.connectTime), Report.ms(raw.connectTime),
-                    String(format: "%.2f", durationSeconds(pair.connectTime) / durationSeconds(raw.connectTime)))
-                for size in [1024, 64 * 1024] {
-                    let session = try await pair.throughput(messageSize: size, total: volume)
-                    report.throughput("\(Report.size(size)) messages, \(Report.size(volume))", bytes: volume, session: session, raw: rawResults.throughput)
-                }
-                let streamed = try await pair.streamThroughput(total: volume)
-                report.throughput("one stream of \(Report.size(volume))", bytes: volume, session: streamed, raw: rawResults.throughput)
-                let alone = try await pair.roundTrips(samples: samples, duringBulk: false)
-                report.latency("64 B round trip", session: alone, raw: rawResults.roundTrips)
-                let loaded = try await pair.roundTrips(samples: samples, duringBulk: true)
-                report.latency("64 B round trip during a bulk stream", session: loaded, raw: nil)
-            } catch {
-                await pair.close()
-                throw error
-            }
-            await pair.close()
+            try await measure(kind, report: report, listenOn: listenAddress, dialFrom: dialAddress, dialling: dialling, samples: samples)
             report.line("")
         }
-        report.line("raw: one non-blocking socket per side, \(Report.size(volume)) of a pattern checked byte by byte at the")
-        report.line("receiver (RFCOMM: 64 KiB writes; L2CAP: packets of the MTU); each session rate is divided by that raw rate.")
+        report.line("raw: one non-blocking socket per side, measured right after the session row beside it, on the same")
+        report.line("link; \(Report.size(volume)) of a pattern checked byte by byte at the receiver (RFCOMM: 64 KiB writes;")
+        report.line("L2CAP: packets of the MTU). Connect times: each on a fresh link (paging included).")
         report.peakRSS()
+    }
+
+    /// One table: connect times on fresh links, then session and raw figures in turn (the raw
+    /// socket is connected beside the session, on the same link), so that a machine whose load
+    /// changes moves both columns of a row.
+    private func measure(
+        _ kind: BluetoothSocketKind, report: Report, listenOn: BluetoothAddress, dialFrom: BluetoothAddress,
+        dialling: BluetoothAdapter, samples: Int
+    ) async throws {
+        let name = kind.rawValue.uppercased()
+        try await waitForNoLink(dialling)
+        let first = try RawBluetoothLink.connect(kind, listenOn: listenOn, dialFrom: dialFrom)
+        first.close()
+        try await waitForNoLink(dialling)
+        let pair = try await SessionPair.bluetooth(kind, listenOn: listenOn, dialFrom: dialFrom, encryption: .required)
+        let raw: RawBluetoothLink
+        do {
+            raw = try RawBluetoothLink.connect(kind, listenOn: listenOn, dialFrom: dialFrom)
+        } catch {
+            await pair.close()
+            throw error
+        }
+        do {
+            var title = "\(name) — encrypted session (Noise ChaChaPoly) next to a raw \(name) socket"
+            if let mtu = raw.outgoingMTU {
+                title += "; \(raw.retransmissionMode == true ? "ERTM" : "Basic mode"), MTU \(mtu) both"
+            }
+            report.section(title, baseline: "raw \(name)")
+            report.row(
+                "connect (+ handshake, invitation)", Report.ms(pair.connectTime), Report.ms(first.connectTime),
+                String(format: "%.2f", durationSeconds(pair.connectTime) / durationSeconds(first.connectTime)))
+            for size in [1024, 64 * 1024] {
+                let session = try await pair.throughput(messageSize: size, total: volume)
+                report.throughput(
+                    "\(Report.size(size)) messages, \(Report.size(volume))", bytes: volume, session: session,
+                    raw: try raw.throughput(total: volume))
+            }
+            let streamed = try await pair.streamThroughput(total: volume)
+            report.throughput("one stream of \(Report.size(volume))", bytes: volume, session: streamed, raw: try raw.throughput(total: volume))
+            let alone = try await pair.roundTrips(samples: samples, duringBulk: false)
+            report.latency("64 B round trip", session: alone, raw: try raw.roundTrips(size: 64, samples: samples))
+            let loaded = try await pair.roundTrips(samples: samples, duringBulk: true)
+            report.latency("64 B round trip during a bulk stream", session: loaded, raw: nil)
+        } catch {
+            raw.close()
+            await pair.close()
+            throw error
+        }
+        raw.close()
+        await pair.close()
     }
 
     /// The adapters named, or the first two that are up; errors say what to do.

@@ -104,8 +104,8 @@ struct RawBluetoothLink {
                     return .failure(BenchError("raw receive after \(got) of \(total) bytes: \(error)"))
                 }
                 if n == 0 { return .failure(BenchError("raw link ended after \(got) of \(total) bytes")) }
-                for i in 0..<n where buffer[i] != pattern[(got + i) % pattern.count] {
-                    return .failure(BenchError("raw link: byte \(got + i) differs from what was sent"))
+                guard Self.matchesPattern(buffer, count: n, at: got, pattern) else {
+                    return .failure(BenchError("raw link: the bytes from \(got) on differ from what was sent"))
                 }
                 got += n
             }
@@ -162,6 +162,21 @@ struct RawBluetoothLink {
         }
         if let failure = echo.wait() { throw BenchError("raw \(kind): the echo side failed: \(failure)") }
         return times
+    }
+
+    /// Whether the first `count` bytes of `buffer` are the pattern's from stream offset `offset` on.
+    static func matchesPattern(_ buffer: [UInt8], count: Int, at offset: Int, _ pattern: [UInt8]) -> Bool {
+        var done = 0
+        while done < count {
+            let start = (offset + done) % pattern.count
+            let n = min(count - done, pattern.count - start)
+            let same = buffer.withUnsafeBytes { received in
+                pattern.withUnsafeBytes { expected in memcmp(received.baseAddress! + done, expected.baseAddress! + start, n) == 0 }
+            }
+            guard same else { return false }
+            done += n
+        }
+        return true
     }
 
     // MARK: - Non-blocking transfers
