@@ -60,8 +60,10 @@ struct Bench: AsyncParsableCommand {
         if let listenOn, listenOn == dialFrom {
             throw ValidationError("--listen-on and --dial-from must name two different adapters (a link needs two ends)")
         }
-        if let volume, volume < 65536 {
-            throw ValidationError("--volume must be at least 65536 bytes, not \(volume)")
+        // at least one of the largest messages
+        let least = bluetooth ? 64 << 10 : 1 << 20
+        if let volume, volume < least {
+            throw ValidationError("--volume must be at least \(least) bytes\(bluetooth ? " with --bluetooth" : ""), not \(volume)")
         }
     }
 
@@ -130,7 +132,7 @@ struct SessionPair {
     let tasks: [Task<Void, Never>]
     let connectTime: Duration
 
-    /// Two sessions on 127.0.0.1, each told of the other: both dial, the tie-break keeps one link.
+    /// Two automatic sessions on 127.0.0.1, each told of the other by a discovery report.
     static func loopback(encryption: EncryptionPreference) async throws -> SessionPair {
         let a = try BenchPeer("bench-a", encryption: encryption)
         let b = try BenchPeer("bench-b", encryption: encryption)
