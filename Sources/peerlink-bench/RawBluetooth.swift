@@ -8,9 +8,9 @@ import Glibc
 
 /// The Bluetooth baseline: one plain RFCOMM (`SOCK_STREAM`) or L2CAP (`SOCK_SEQPACKET`) socket
 /// pair between the same two adapters the sessions use, one thread per side, non-blocking with
-/// `poll` (as PeerLink's links are). L2CAP is set
-/// up as PeerLink sets it up (Enhanced Retransmission Mode, the kernel's default MTU), and sends
-/// packets of the outgoing MTU, as PeerLink's link does.
+/// `poll` (as PeerLink's links are). L2CAP is set up as PeerLink sets it up (Enhanced
+/// Retransmission Mode, the kernel's default MTU) and sends packets of the outgoing MTU, as
+/// PeerLink's link does.
 struct RawBluetoothLink {
     let kind: BluetoothSocketKind
     /// The dialling end, on the `dialFrom` adapter.
@@ -52,13 +52,8 @@ struct RawBluetoothLink {
             let connectTime = ContinuousClock.now - start
             let acceptor = accepted.wait()
             guard acceptor >= 0 else { throw BenchError("raw \(kind): accept: \(String(cString: strerror(-acceptor)))") }
-            do {
-                try setNonBlocking(acceptor)
-                try setNonBlocking(dialer)
-            } catch {
-                Glibc.close(acceptor)
-                throw error
-            }
+            try setNonBlocking(acceptor)
+            try setNonBlocking(dialer)
             var outgoingMTU: Int?
             var retransmission: Bool?
             if kind == .l2cap {
@@ -71,7 +66,7 @@ struct RawBluetoothLink {
                 connectTime: connectTime)
         } catch {
             Glibc.close(dialer)
-            // the accept returns at the latest after its receive timeout
+            // the accepted socket, if any (a blocked accept returns after its receive timeout)
             let acceptor = accepted.wait()
             if acceptor >= 0 { Glibc.close(acceptor) }
             throw error
@@ -83,8 +78,9 @@ struct RawBluetoothLink {
         Glibc.close(acceptor)
     }
 
-    /// The bytes sent: a repeating pattern whose length (a prime) is no divisor of any write
-    /// size, so a lost, repeated or reordered piece shows as a mismatch at the receiver.
+    /// The bytes sent: a pattern repeating every 65521 bytes (a prime, so no write or packet
+    /// size lines up with it), so a lost, repeated or reordered piece shows as a mismatch at the
+    /// receiver.
     static let pattern: [UInt8] = (0..<65521).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 8) }
 
     /// Seconds to move `total` bytes from the dialler to the acceptor (RFCOMM: 64 KiB writes;
@@ -127,9 +123,12 @@ struct RawBluetoothLink {
             sent += n
         }
         // (after a failed send, the reader gives up at its wait limit at the latest)
-        if case .failure(let error) = reader.wait() { throw error }
-        if let sendError { throw sendError }
-        return seconds(ContinuousClock.now - start)
+        switch (reader.wait(), sendError) {
+        case (.success, nil): return seconds(ContinuousClock.now - start)
+        case (.success, let sendError?): throw sendError
+        case (.failure(let readError), nil): throw readError
+        case (.failure(let readError), let sendError?): throw BenchError("\(sendError); \(readError)")
+        }
     }
 
     /// Round trips of `size`-byte messages from the dialler, echoed by the acceptor.

@@ -1,5 +1,5 @@
-// CBlueZ (for RawBluetooth.swift) brings its own view of <sys/socket.h> into this module: its
-// socket constants are found through it.
+// RawBluetooth.swift imports CBlueZ, whose headers then own <sys/socket.h>'s constants in this
+// module: without this import SOCK_STREAM and MSG_NOSIGNAL are not found here.
 internal import CBlueZ
 import Foundation
 
