@@ -180,9 +180,9 @@ struct RawBluetoothLink {
 
     // MARK: - Non-blocking transfers
 
-    // The links' sockets are non-blocking, as PeerLink's are: on the lab's kernel a blocking
-    // RFCOMM write of 64 KiB stalls the link for good (the receiver never sees a byte), and
-    // a non-blocking one does not. A call that would block polls, for at most `callTimeout`.
+    // The links' sockets are non-blocking, as PeerLink's are: on the lab's kernel (6.1) a
+    // blocking RFCOMM write of 64 KiB stalls the link for good (the receiver never sees a
+    // byte), and a non-blocking one does not. A call that would block polls, for at most `callTimeout`.
 
     /// Writes all of `bytes`.
     static func sendAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws {
