@@ -52,25 +52,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-if ! command -v swift >/dev/null 2>&1 && [ -x /opt/swift/usr/bin/swift ]; then
-    export PATH=/opt/swift/usr/bin:$PATH
-fi
+. "$HERE/lab-common.sh"
+lab_require qemu-system-x86_64 btvirt cpio
 
-# What the VM needs; say what is missing instead of failing inside the VM.
-cannot_run() { say "cannot run here: $*"; exit 77; }
-[ "$(uname -m)" = x86_64 ] || cannot_run "the VM lab needs an x86-64 machine (this is $(uname -m))"
-for tool in qemu-system-x86_64 btvirt cpio; do
-    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] \
-        || cannot_run "$tool is missing: run Hardware/setup.sh --tests (it installs the lab's packages)"
-done
-[ -x /bin/busybox ] || [ -x /usr/bin/busybox ] \
-    || cannot_run "busybox is missing: run Hardware/setup.sh --tests (it installs busybox-static)"
-compgen -G "/boot/vmlinuz-*" >/dev/null \
-    || cannot_run "no kernel in /boot: run Hardware/setup.sh --tests (it installs linux-image-amd64)"
-
-SCRATCH=${PEERLINK_SCRATCH_PATH:-.build}
-scratch=()
-[ -n "${PEERLINK_SCRATCH_PATH:-}" ] && scratch=(--scratch-path "$PEERLINK_SCRATCH_PATH")
 if [ "$BUILD" = 1 ]; then
     say "building the benchmark (swift build -c $CONFIG --product peerlink-bench ${scratch[*]})"
     swift build -c "$CONFIG" --product peerlink-bench "${scratch[@]}"
@@ -83,22 +67,12 @@ guest_cmd="exec $(printf %q "$BIN")"
 for arg in "${BENCH_ARGS[@]}"; do guest_cmd+=" $(printf %q "$arg")"; done
 
 say "running peerlink-bench ${BENCH_ARGS[*]} in the VM"
-run_vm() {
-    # the links need only the kernel: no bluetoothd
-    BTVM_TIME=1 "$HERE/btvm/run.sh" --timeout "${PEERLINK_LAB_TIMEOUT:-900}" "${CONSOLE[@]}" -- "$guest_cmd"
-}
-rc=0
-run_vm || rc=$?
-if [ "$rc" = 125 ]; then
-    # the guest's set-up (btvirt) can miss its deadlines under emulation on a busy machine
-    say "the VM's set-up failed (exit 125); booting it once more"
-    rc=0
-    run_vm || rc=$?
-fi
-case "$rc" in
+# the links need only the kernel: no bluetoothd
+lab_boot "$guest_cmd" "${CONSOLE[@]}"
+case "$LAB_RC" in
     0) say "done" ;;
     124) say "the VM ran out of time (${PEERLINK_LAB_TIMEOUT:-900} s): rerun with --console, or with --smoke" ;;
-    125) say "the VM did not start: rerun with --console, or see Hardware/btvm/README.md" ;;
-    *) say "the benchmark failed (exit $rc)" ;;
+    125) ;;
+    *) say "the benchmark failed (exit $LAB_RC)" ;;
 esac
-exit "$rc"
+exit "$LAB_RC"

@@ -55,25 +55,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-if ! command -v swift >/dev/null 2>&1 && [ -x /opt/swift/usr/bin/swift ]; then
-    export PATH=/opt/swift/usr/bin:$PATH
-fi
+. "$HERE/lab-common.sh"
+lab_require qemu-system-x86_64 btvirt bluetoothd dbus-daemon cpio
 
-# What the VM needs; the lab says what is missing instead of failing inside the VM.
-cannot_run() { say "cannot run here: $*"; exit 77; }
-[ "$(uname -m)" = x86_64 ] || cannot_run "the VM lab needs an x86-64 machine (this is $(uname -m))"
-for tool in qemu-system-x86_64 btvirt bluetoothd dbus-daemon cpio; do
-    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || [ -x "/usr/libexec/bluetooth/$tool" ] \
-        || cannot_run "$tool is missing: run Hardware/setup.sh --tests (it installs the lab's packages)"
-done
-[ -x /bin/busybox ] || [ -x /usr/bin/busybox ] \
-    || cannot_run "busybox is missing: run Hardware/setup.sh --tests (it installs busybox-static)"
-compgen -G "/boot/vmlinuz-*" >/dev/null \
-    || cannot_run "no kernel in /boot: run Hardware/setup.sh --tests (it installs linux-image-amd64)"
-
-SCRATCH=${PEERLINK_SCRATCH_PATH:-.build}
-scratch=()
-[ -n "${PEERLINK_SCRATCH_PATH:-}" ] && scratch=(--scratch-path "$PEERLINK_SCRATCH_PATH")
 if [ "$BUILD" = 1 ]; then
     say "building the tests (swift build --build-tests ${scratch[*]})"
     swift build --build-tests "${scratch[@]}"
@@ -90,22 +74,11 @@ guest_cmd+=" exec $(printf %q "$BIN") --testing-library swift-testing --no-paral
 for arg in "${EXTRA[@]}"; do guest_cmd+=" $(printf %q "$arg")"; done
 
 say "running the Bluetooth suites in the VM (filter: $FILTER)"
-run_vm() {
-    BTVM_TIME=1 "$HERE/btvm/run.sh" "${BLUETOOTHD[@]}" --timeout "${PEERLINK_LAB_TIMEOUT:-900}" "${CONSOLE[@]}" -- "$guest_cmd"
-}
-rc=0
-run_vm || rc=$?
-if [ "$rc" = 125 ]; then
-    # the guest's set-up (btvirt, bluetoothd) can miss its deadlines under emulation on a busy
-    # machine: one more boot before calling it a failure
-    say "the VM's set-up failed (exit 125); booting it once more"
-    rc=0
-    run_vm || rc=$?
-fi
-case "$rc" in
+lab_boot "$guest_cmd" "${BLUETOOTHD[@]}" "${CONSOLE[@]}"
+case "$LAB_RC" in
     0) say "passed" ;;
     124) say "the VM ran out of time (${PEERLINK_LAB_TIMEOUT:-900} s): a test hangs; rerun with --console" ;;
-    125) say "the VM did not start: rerun with --console, or see Hardware/btvm/README.md" ;;
-    *) say "failed (exit $rc)" ;;
+    125) ;;
+    *) say "failed (exit $LAB_RC)" ;;
 esac
-exit "$rc"
+exit "$LAB_RC"
