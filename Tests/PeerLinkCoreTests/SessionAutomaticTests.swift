@@ -47,6 +47,25 @@ struct SessionAutomaticTests {
         #expect(net.connected(0) == [1] && net.connected(1) == [0])
     }
 
+    /// The smaller peer of a pair invites, but when its dials never get through (a firewall one
+    /// way, a Bluetooth device that refuses its pairing), the greater one invites it after
+    /// ``SessionPolicy/automaticFallback`` — and not before.
+    @Test func theGreaterPeerInvitesWhenTheSmallerNeverComes() throws {
+        var net = try SessionNet(["ann", "bob"], policy: Self.automatic, seed: 11)
+        let smaller = net.peer(0).fingerprint < net.peer(1).fingerprint ? 0 : 1
+        let greater = 1 - smaller
+        net.failingDials = [[smaller, greater]]
+        net.discoverEveryone()
+        net.run()
+        net.advance(by: Self.automatic.automaticFallback - .seconds(1), tickEvery: .milliseconds(250))
+        net.run()
+        #expect(net.connected(greater).isEmpty, "the greater peer must leave the first move to the smaller one")
+        net.advance(by: .seconds(2), tickEvery: .milliseconds(250))
+        net.run()
+        #expect(net.connected(greater) == [smaller] && net.connected(smaller) == [greater])
+        #expect(net.liveLinks(between: 0, and: 1) == 1)
+    }
+
     /// A peer that leaves on purpose (GO_AWAY code 0) is not dialled again by the peer that stays.
     @Test(arguments: [0, 1])
     func aPeerThatLeftIsNotCalledBackUntilFoundAgain(leaver: Int) throws {

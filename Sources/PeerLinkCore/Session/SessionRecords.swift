@@ -39,6 +39,9 @@ struct PeerRecord: Sendable {
     var autoBlocked = false
     /// Automatic mode invites it again no earlier than this (after a failed invitation).
     var autoRetryAt: Duration?
+    /// When discovery last found it (was not found before); automatic mode's fallback counts
+    /// from here for a peer that should have invited the local one.
+    var foundAt: Duration?
     /// The last time the session had business with this peer (for the idle-link timeout).
     var purposeAt: Duration = .zero
     /// Why the peer is about to be reported `notConnected`.

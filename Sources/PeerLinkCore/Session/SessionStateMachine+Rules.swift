@@ -241,6 +241,8 @@ extension SessionStateMachine {
         guard let linkRecord = links.removeValue(forKey: link), var record = peers[linkRecord.peer] else { return }
         record.links.removeAll { $0 == link }
         if record.pendingJoin?.link == link { record.pendingJoin = nil }
+        // automatic mode's fallback gives the inviting side its time again
+        if record.links.isEmpty, record.foundAt != nil { record.foundAt = now }
         guard record.links.isEmpty else {
             peers[linkRecord.peer] = record
             return
@@ -515,8 +517,12 @@ extension SessionStateMachine {
                 if settleJoin(of: fingerprint) { changed = true }
             }
             if isAutomatic {
-                for fingerprint in peers.keys.sorted() where fingerprint > localPeer.fingerprint {
+                for fingerprint in peers.keys.sorted() {
                     let record = peers[fingerprint]!
+                    // greater peers at once; smaller ones when they have not come by themselves
+                    if fingerprint < localPeer.fingerprint {
+                        guard let fallback = automaticFallbackDeadline(record), now >= fallback else { continue }
+                    }
                     guard record.found, !record.autoBlocked, !record.holdsPlace, record.pendingJoin == nil,
                         record.replacementDeadline == nil, !incoming.values.contains(where: { $0.peer == fingerprint }),
                         record.autoRetryAt.map({ now >= $0 }) ?? true, hasRoom(excluding: fingerprint)
@@ -540,6 +546,15 @@ extension SessionStateMachine {
             record.lostReason = nil
             peers[fingerprint] = record
         }
+    }
+
+    /// When automatic mode's fallback invites `record`, a found peer with a smaller fingerprint
+    /// that has not come to the local peer (no link, no dial, no place held); nil when it does not apply.
+    func automaticFallbackDeadline(_ record: PeerRecord) -> Duration? {
+        guard record.id.fingerprint < localPeer.fingerprint, record.found, let foundAt = record.foundAt,
+            record.links.isEmpty, !record.dialing, !record.holdsPlace
+        else { return nil }
+        return foundAt + policy.automaticFallback
     }
 
     /// Picks the peer's send link. When it changes, partly sent messages begin again on the new

@@ -166,6 +166,7 @@ public struct SessionStateMachine: Sendable {
                 .compactMap { $0 }
             if let idle = idleDeadline(record) { deadlines.append(idle) }
             if isAutomatic, let retry = record.autoRetryAt, retry > now { deadlines.append(retry) }
+            if isAutomatic, let fallback = automaticFallbackDeadline(record), fallback > now { deadlines.append(fallback) }
         }
         return deadlines.min()
     }
@@ -380,6 +381,7 @@ public struct SessionStateMachine: Sendable {
         advance(to: time)
         guard peer.fingerprint != localPeer.fingerprint else { return takeActions() }
         var record = peers[peer.fingerprint] ?? PeerRecord(id: peer)
+        if !record.found { record.foundAt = now }
         record.found = true
         record.autoBlocked = false
         if !endpoints.isEmpty { record.endpoints = endpoints }
@@ -394,6 +396,7 @@ public struct SessionStateMachine: Sendable {
         advance(to: time)
         if var record = peers[peer.fingerprint] {
             record.found = false
+            record.foundAt = nil
             record.autoBlocked = false
             record.autoRetryAt = nil
             peers[peer.fingerprint] = record
@@ -442,6 +445,9 @@ public struct SessionStateMachine: Sendable {
     /// error). Links the state machine closed itself are forgotten already and ignored here.
     public mutating func linkClosed(_ link: LinkID, code: GoAwayCode, reason: String, at time: Duration) -> [SessionAction] {
         advance(to: time)
+        // The peer closed its link with code 0: it left (or has no business here). Automatic
+        // mode does not call it back until discovery loses it and finds it again.
+        if code == .normal, let fingerprint = links[link]?.peer { peers[fingerprint]?.autoBlocked = true }
         removeLink(link, code: code, reason: "link closed, code \(code): \(reason)")
         settle()
         return takeActions()

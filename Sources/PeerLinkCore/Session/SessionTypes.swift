@@ -79,6 +79,12 @@ public struct SessionPolicy: Hashable, Sendable {
     public var idleLinkTimeout: Duration
     /// The most unreliable messages queued for one peer; more are dropped (and counted).
     public var maximumQueuedDatagrams: Int
+    /// Automatic mode: a found peer with a *smaller* fingerprint (the one that invites) that
+    /// has not reached the local peer within this long is invited by the local peer too. The
+    /// pair's usual direction can fail where the other works: a firewall in one direction, or
+    /// a Bluetooth device that refuses the inviter's pairing because it keeps a bond the
+    /// inviter no longer has. The tie-break settles it if both invitations get through.
+    public var automaticFallback: Duration
 
     public init(
         maximumPeers: Int = SessionPolicy.largestSession,
@@ -88,7 +94,8 @@ public struct SessionPolicy: Hashable, Sendable {
         responseGrace: Duration = .seconds(2),
         replacementGrace: Duration = .seconds(10),
         idleLinkTimeout: Duration = .seconds(10),
-        maximumQueuedDatagrams: Int = 8
+        maximumQueuedDatagrams: Int = 8,
+        automaticFallback: Duration = .seconds(10)
     ) {
         self.maximumPeers = maximumPeers
         self.invitationTimeout = invitationTimeout
@@ -98,6 +105,7 @@ public struct SessionPolicy: Hashable, Sendable {
         self.replacementGrace = replacementGrace
         self.idleLinkTimeout = idleLinkTimeout
         self.maximumQueuedDatagrams = maximumQueuedDatagrams
+        self.automaticFallback = automaticFallback
     }
 
     /// Invitations answered by the app, 8 peers, 30 s invitations.
@@ -116,6 +124,7 @@ public struct SessionPolicy: Hashable, Sendable {
         let durations: [(String, Duration)] = [
             ("invitation timeout", invitationTimeout), ("join timeout", joinTimeout),
             ("replacement grace", replacementGrace), ("idle link timeout", idleLinkTimeout),
+            ("automatic fallback", automaticFallback),
         ]
         for (name, value) in durations where value <= .zero {
             throw PeerLinkError(.invalidParameter, "the session's \(name) must be longer than zero")
