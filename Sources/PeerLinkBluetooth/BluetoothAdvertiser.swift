@@ -12,8 +12,9 @@ import PeerLinkCore
 /// The record points at the RFCOMM channel and L2CAP PSM where the caller listens; bluetoothd
 /// only serves the record (no `Channel` or `PSM` option is passed, so it never listens there
 /// itself). bluetoothd publishes a profile on every adapter; the chosen adapter is powered on
-/// and made discoverable so inquiries find it. ``stop()`` unregisters the record; bluetoothd
-/// also drops it when this process's D-Bus connection closes, even after `kill -9`.
+/// and held discoverable while the record is up, so inquiries find it
+/// (``BluetoothVisibilityHold``: restored afterwards). ``stop()`` unregisters the record;
+/// bluetoothd also drops it when this process's D-Bus connection closes, even after `kill -9`.
 public final class BluetoothAdvertiser: @unchecked Sendable {
     public let peer: PeerID
     public let record: PeerLinkServiceRecord
@@ -22,6 +23,7 @@ public final class BluetoothAdvertiser: @unchecked Sendable {
     public let adapterAddress: BluetoothAddress
     private let connection: DBusConnection
     private let profilePath: String
+    private let visibility: BluetoothVisibilityHold?
     private let logger: Logger
     private let lock = NSLock()
     private var stopped = false
@@ -46,7 +48,8 @@ public final class BluetoothAdvertiser: @unchecked Sendable {
         let chosen: BluetoothDaemonAdapter
         do {
             chosen = try BluetoothDaemon.chooseAdapter(adapter, on: connection)
-            try BluetoothDaemon.prepare(chosen, discoverable: true, on: connection)
+            try BluetoothDaemon.powerOn(chosen, on: connection)
+            visibility = try BluetoothVisibilityHold.acquire(adapter: chosen.name)
         } catch {
             connection.close()
             throw error
@@ -81,6 +84,7 @@ public final class BluetoothAdvertiser: @unchecked Sendable {
                 destination: BlueZ.service, path: "/org/bluez", interface: BlueZ.profileManagerInterface, method: "RegisterProfile",
                 [.objectPath(profilePath), .string(profileUUID.description), .properties(options)])
         } catch {
+            visibility?.release()
             connection.close()
             throw BlueZ.map(error, doing: "registering the PeerLink SDP record")
         }
@@ -106,6 +110,7 @@ public final class BluetoothAdvertiser: @unchecked Sendable {
         }
         connection.unexport(path: profilePath)
         connection.close()
+        visibility?.release()
     }
 
     deinit { stop() }

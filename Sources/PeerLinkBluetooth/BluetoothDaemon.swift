@@ -54,18 +54,15 @@ public enum BluetoothDaemon {
         return adapter
     }
 
-    /// Powers the adapter on (and, with `discoverable`, makes it visible to inquiries) unless it already is.
-    static func prepare(_ adapter: BluetoothDaemonAdapter, discoverable: Bool, on connection: DBusConnection) throws(PeerLinkError) {
-        let path = BlueZ.adapterPath(adapter.name)
+    /// Powers the adapter on unless it already is.
+    static func powerOn(_ adapter: BluetoothDaemonAdapter, on connection: DBusConnection) throws(PeerLinkError) {
+        guard !adapter.powered else { return }
         do {
-            if !adapter.powered {
-                try connection.setProperty(destination: BlueZ.service, path: path, interface: BlueZ.adapterInterface, name: "Powered", .bool(true))
-            }
-            if discoverable && !adapter.discoverable {
-                try connection.setProperty(destination: BlueZ.service, path: path, interface: BlueZ.adapterInterface, name: "Discoverable", .bool(true))
-            }
+            try connection.setProperty(
+                destination: BlueZ.service, path: BlueZ.adapterPath(adapter.name), interface: BlueZ.adapterInterface, name: "Powered",
+                .bool(true))
         } catch {
-            throw BlueZ.map(error, doing: "powering on \(adapter.name)\(discoverable ? " and making it discoverable" : "")")
+            throw BlueZ.map(error, doing: "powering on \(adapter.name)")
         }
     }
 }

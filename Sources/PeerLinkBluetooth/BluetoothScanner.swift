@@ -49,7 +49,7 @@ public enum BluetoothScanner {
         }
         defer { connection.close() }
         let chosen = try BluetoothDaemon.chooseAdapter(adapter, on: connection)
-        try BluetoothDaemon.prepare(chosen, discoverable: false, on: connection)
+        try BluetoothDaemon.powerOn(chosen, on: connection)
         let devices = try await discover(on: connection, adapter: chosen, duration: duration)
         return (devices, .bluetoothd, BluetoothAddress(chosen.address) ?? .any)
     }

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Logging
 import PeerLinkCore
 import PeerLinkPosix
 
@@ -50,10 +51,12 @@ public struct BluetoothTransport: Transport {
     public let adapter: BluetoothAddress
     /// L2CAP: the largest packet this side accepts (nil: the kernel's default, 672).
     public let incomingMTU: UInt16?
+    let logger: Logger
 
-    public init(adapter: BluetoothAddress = .any, incomingMTU: UInt16? = nil) {
+    public init(adapter: BluetoothAddress = .any, incomingMTU: UInt16? = nil, logger: Logger = Logger(label: "peerlink.bluetooth")) {
         self.adapter = adapter
         self.incomingMTU = incomingMTU
+        self.logger = logger
     }
 
     public func dial(_ endpoint: Endpoint, timeout: Duration) async throws -> any LinkChannel {
@@ -77,10 +80,27 @@ public struct BluetoothTransport: Transport {
             throw PeerLinkError(.invalidParameter, "the dial timeout must be positive, not \(DurationText.seconds(timeout))")
         }
         try BluetoothErrors.requireLocalAdapter(adapter)
+        let bond = BluetoothBonds.heldBond(with: address, from: adapter)
         do {
             return try await BluetoothConnection.connect(
                 kind, to: address, port: port, from: adapter, incomingMTU: incomingMTU, timeout: timeout)
         } catch {
+            // A refusal from a device this machine keeps a bond with, while its SDP server lists
+            // that channel / PSM: the device dropped the bond (see BluetoothBonds). Heal, and dial once more.
+            if let bond, let failure = error as? SystemError, [ECONNREFUSED, EACCES, EPERM, ECONNRESET].contains(failure.errno),
+                BluetoothBonds.serves(address, kind: kind, port: port, from: adapter)
+            {
+                do {
+                    try BluetoothBonds.remove(address, on: bond)
+                    logger.info(
+                        "removed this machine's stale pairing with the device: it no longer has it, and refused the link",
+                        metadata: ["adapter": "\(bond)", "device": "\(address)", "link.remote": "\(endpoint)"])
+                    return try await BluetoothConnection.connect(
+                        kind, to: address, port: port, from: adapter, incomingMTU: incomingMTU, timeout: timeout)
+                } catch {
+                    throw BluetoothErrors.dial(error, endpoint: endpoint, kind: kind, port: port, adapter: adapter, timeout: timeout)
+                }
+            }
             throw BluetoothErrors.dial(error, endpoint: endpoint, kind: kind, port: port, adapter: adapter, timeout: timeout)
         }
     }
@@ -95,11 +115,19 @@ public final class BluetoothTransportListener: TransportListener {
     /// The channel / PSM taken (the kernel's pick when 0 was asked for).
     public let port: UInt16
     private let listener: BluetoothListener
+    /// The adapters held reachable while this listens (``BluetoothVisibilityHold``).
+    private let holds: [BluetoothVisibilityHold]
 
     /// Listens on `port` (RFCOMM channel 1–30 or L2CAP PSM; 0: the kernel picks a free one) of
     /// the adapter with address `adapter` (``BluetoothAddress/any``: every adapter).
+    ///
+    /// With `reachable` (the default) and bluetoothd running, each adapter listened on is kept
+    /// discoverable while the listener is open — stock bluetoothd makes an adapter connectable
+    /// only for paired devices otherwise (``BluetoothVisibilityHold``). Pass false where the
+    /// adapter's scan mode is managed otherwise.
     public init(
-        _ kind: BluetoothSocketKind, adapter: BluetoothAddress = .any, port: UInt16 = 0, incomingMTU: UInt16? = nil
+        _ kind: BluetoothSocketKind, adapter: BluetoothAddress = .any, port: UInt16 = 0, incomingMTU: UInt16? = nil,
+        reachable: Bool = true
     ) throws(PeerLinkError) {
         try BluetoothErrors.requireLocalAdapter(adapter)
         do {
@@ -110,11 +138,25 @@ public final class BluetoothTransportListener: TransportListener {
         self.kind = kind
         let port = listener.port
         self.port = port
-        var addresses = [adapter]
-        if adapter == .any {
-            addresses = ((try? BluetoothAdapter.all()) ?? []).filter(\.isUp).compactMap { BluetoothAddress($0.address) }
+        let adapters = ((try? BluetoothAdapter.all()) ?? []).filter { candidate in
+            adapter == .any ? candidate.isUp : BluetoothAddress(candidate.address) == adapter
         }
+        var addresses = [adapter]
+        if adapter == .any { addresses = adapters.compactMap { BluetoothAddress($0.address) } }
         localEndpoints = addresses.compactMap { kind.endpoint($0, port: port) }
+        var holds: [BluetoothVisibilityHold] = []
+        if reachable {
+            do {
+                for chosen in adapters {
+                    if let hold = try BluetoothVisibilityHold.acquire(adapter: chosen.name) { holds.append(hold) }
+                }
+            } catch {
+                holds.forEach { $0.release() }
+                listener.close()
+                throw error
+            }
+        }
+        self.holds = holds
     }
 
     public func accept() async throws -> any LinkChannel {
@@ -130,7 +172,10 @@ public final class BluetoothTransportListener: TransportListener {
         }
     }
 
-    public func close() { listener.close() }
+    public func close() {
+        listener.close()
+        holds.forEach { $0.release() }
+    }
 }
 
 /// A duration as people read it: `5 s`, `2.5 s`.

@@ -53,12 +53,31 @@ enum BTSocket {
     /// The size of `sockaddr_l2` (family, PSM, bdaddr, CID, address type: 2 + 2 + 6 + 2 + 1, padded to 14).
     static let l2capAddressSize = MemoryLayout<sockaddr_l2>.size
 
-    /// A new socket of `kind` (close-on-exec).
+    /// A new socket of `kind` (close-on-exec), asking for security level *low*.
+    ///
+    /// Level low means an unauthenticated link key and no bonding: with Secure Simple Pairing
+    /// the kernel pairs each new ACL link "Just Works", with no agent and no prompt on either
+    /// side (neither side asks for MITM protection), encrypts the link as SSP requires, and
+    /// forgets the key when the link goes — no bond is stored. PeerLink authenticates and
+    /// encrypts every link itself (Noise), so asking Bluetooth for more (medium: a bond; high:
+    /// MITM protection, i.e. a PIN or a confirmation by the user) would only add prompts. It is
+    /// also the kernel's default; it is set here so the choice is written down.
     static func open(_ kind: BluetoothSocketKind) throws(SystemError) -> Int32 {
+        let fd: Int32
         switch kind {
-        case .rfcomm: return try Sys.socket(AF_BLUETOOTH, Int32(SOCK_STREAM.rawValue), BTPROTO_RFCOMM)
-        case .l2cap: return try Sys.socket(AF_BLUETOOTH, Int32(SOCK_SEQPACKET.rawValue), BTPROTO_L2CAP)
+        case .rfcomm: fd = try Sys.socket(AF_BLUETOOTH, Int32(SOCK_STREAM.rawValue), BTPROTO_RFCOMM)
+        case .l2cap: fd = try Sys.socket(AF_BLUETOOTH, Int32(SOCK_SEQPACKET.rawValue), BTPROTO_L2CAP)
         }
+        var security = bt_security(level: UInt8(BT_SECURITY_LOW), key_size: 0)
+        do {
+            _ = try Sys.retrying("setsockopt(BT_SECURITY)") {
+                setsockopt(fd, SOL_BLUETOOTH, BT_SECURITY, &security, socklen_t(MemoryLayout<bt_security>.size))
+            }
+        } catch {
+            Sys.close(fd)
+            throw error
+        }
+        return fd
     }
 
     /// Runs `body` with the socket address of `address` and `port` (channel or PSM).

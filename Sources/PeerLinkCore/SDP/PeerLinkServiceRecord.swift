@@ -21,7 +21,8 @@ public struct PeerLinkServiceRecord: Hashable, Sendable {
     public static let serviceDescription: UInt16 = 0x0101
     public static let txtAttribute: UInt16 = 0x0200
 
-    static let l2capUUID: UInt16 = 0x0100
+    /// The L2CAP protocol's SDP UUID (every service reached over L2CAP lists it).
+    public static let l2capUUID: UInt16 = 0x0100
     static let rfcommUUID: UInt16 = 0x0003
     static let publicBrowseRoot: UInt16 = 0x1002
 
@@ -95,27 +96,38 @@ public struct PeerLinkServiceRecord: Hashable, Sendable {
         } catch {
             throw .badTXT(error)
         }
-        var channel: RFCOMMChannel?
-        var psm: L2CAPPSM?
+        let served = Self.servedPorts(attributes)
+        let channel = served.channels.first
+        let psm = served.psms.first
+        guard channel != nil || psm != nil else { throw .noEndpoint }
+        self.init(serviceType: serviceType, record: record, channel: channel, psm: psm)
+    }
+
+    /// The RFCOMM channels and L2CAP PSMs any SDP record serves (PeerLink's or another
+    /// service's), in the order its protocol stacks list them: the first RFCOMM channel of each
+    /// stack, and a PSM only where L2CAP is the top of its stack (not under RFCOMM).
+    public static func servedPorts(_ attributes: [UInt16: SDPElement]) -> (channels: [RFCOMMChannel], psms: [L2CAPPSM]) {
+        var channels: [RFCOMMChannel] = []
+        var psms: [L2CAPPSM] = []
         var stacks: [[SDPElement]] = []
-        if let main = attributes[Self.protocolDescriptorList]?.elements { stacks.append(main) }
-        for list in attributes[Self.additionalProtocolDescriptorLists]?.elements ?? [] {
+        if let main = attributes[protocolDescriptorList]?.elements { stacks.append(main) }
+        for list in attributes[additionalProtocolDescriptorLists]?.elements ?? [] {
             if let stack = list.elements { stacks.append(stack) }
         }
         for stack in stacks {
             let layers = stack.compactMap(\.elements)
             for (position, layer) in layers.enumerated() {
                 guard let protocolUUID = layer.first?.uuid, let parameter = layer.dropFirst().first?.integer else { continue }
-                if protocolUUID == BluetoothUUID(short: UInt32(Self.rfcommUUID)) {
-                    channel = channel ?? RFCOMMChannel(Int(parameter))
-                } else if protocolUUID == BluetoothUUID(short: UInt32(Self.l2capUUID)), position == layers.count - 1 {
-                    // An L2CAP PSM counts only when L2CAP is the top layer (not under RFCOMM).
-                    psm = psm ?? L2CAPPSM(Int(parameter))
+                if protocolUUID == BluetoothUUID(short: UInt32(rfcommUUID)), let channel = RFCOMMChannel(Int(parameter)) {
+                    channels.append(channel)
+                } else if protocolUUID == BluetoothUUID(short: UInt32(l2capUUID)), position == layers.count - 1,
+                    let psm = L2CAPPSM(Int(parameter))
+                {
+                    psms.append(psm)
                 }
             }
         }
-        guard channel != nil || psm != nil else { throw .noEndpoint }
-        self.init(serviceType: serviceType, record: record, channel: channel, psm: psm)
+        return (channels, psms)
     }
 
     /// The record in BlueZ's XML form, as `org.bluez.ProfileManager1.RegisterProfile` takes it
