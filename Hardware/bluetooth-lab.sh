@@ -2,6 +2,7 @@
 # bluetooth-lab.sh — builds the tests and runs the Bluetooth suites inside the Bluetooth VM lab.
 #
 # usage: Hardware/bluetooth-lab.sh [--skip-build] [--no-bluetoothd] [--console] [--filter REGEX] [-- TEST ARGS...]
+#        Hardware/bluetooth-lab.sh --boots N [--load K]
 #
 # The lab is a throw-away QEMU VM (Hardware/btvm, see its README) booting this machine's Debian
 # kernel with the Bluetooth modules, two virtual BR/EDR controllers that see each other (hci0
@@ -20,6 +21,12 @@
 #   --console        print the guest's serial console afterwards (for VM trouble)
 #   --filter REGEX   the swift-testing filter (default: Bluetooth — every suite whose name has it)
 #   -- ARGS...       more arguments for the test binary
+#   --boots N        measure the lab instead of testing: boot the VM N times with bluetoothd (no
+#                    second boot on a failure), print per boot whether the set-up held, how many
+#                    tries the guest needed to set the controllers up (a controller that fails its
+#                    set-up is re-created in the guest), and a summary; exit 1 if any boot failed
+#   --load K         with --boots: K CPU-bound processes run beside the VM for the whole
+#                    measurement (stopped afterwards)
 #
 # Environment: PEERLINK_SCRATCH_PATH (build directory, default .build), PEERLINK_LAB_TIMEOUT (hard
 # limit for the VM in seconds, default 900), BTVM_ACCEL=auto|tcg|kvm (see Hardware/btvm/README.md).
@@ -41,6 +48,8 @@ BLUETOOTHD=(--bluetoothd)
 CONSOLE=()
 FILTER=Bluetooth
 EXTRA=()
+BOOTS=0
+LOAD=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --skip-build) BUILD=0; shift ;;
@@ -49,6 +58,12 @@ while [ $# -gt 0 ]; do
         --filter)
             [ $# -ge 2 ] || { say "--filter needs a regular expression"; exit 2; }
             FILTER=$2; shift 2 ;;
+        --boots)
+            [ $# -ge 2 ] && [ "$2" -gt 0 ] 2>/dev/null || { say "--boots needs a number of boots"; exit 2; }
+            BOOTS=$2; shift 2 ;;
+        --load)
+            [ $# -ge 2 ] && [ "$2" -ge 0 ] 2>/dev/null || { say "--load needs a number of processes"; exit 2; }
+            LOAD=$2; shift 2 ;;
         --) shift; EXTRA=("$@"); break ;;
         -h | --help) usage; exit 0 ;;
         *) say "unknown argument: $1 (see --help)"; usage >&2; exit 2 ;;
@@ -58,6 +73,11 @@ done
 . "$HERE/lab-common.sh"
 lab_require qemu-system-x86_64 btvirt bluetoothd dbus-daemon cpio
 
+if [ "$BOOTS" -gt 0 ]; then
+    lab_measure_boots "$BOOTS" "$LOAD"
+    exit $?
+fi
+
 if [ "$BUILD" = 1 ]; then
     say "building the tests (swift build --build-tests ${scratch[*]})"
     swift build --build-tests "${scratch[@]}"
@@ -66,19 +86,47 @@ BIN=$(cd "$SCRATCH" && pwd)/debug/PeerLinkPackageTests.xctest
 [ -x "$BIN" ] || { say "no test binary at $BIN: build it with swift build --build-tests (or drop --skip-build)"; exit 2; }
 
 # The command run in the guest (by sh -c, in this directory): the lab's environment, then the
-# test binary. Arguments are quoted for that shell.
-guest_cmd="export PEERLINK_BLUETOOTH_LAB=1 PEERLINK_BIN_DIR=$(printf %q "$(dirname "$BIN")");"
-guest_cmd+=" echo \"bluetooth lab: kernel \$(uname -r), hci0 \$BTVM_HCI0_ADDR, hci1 \$BTVM_HCI1_ADDR\";"
-# --no-parallel: the suites share two controllers, and one test takes hci0 down.
-guest_cmd+=" exec $(printf %q "$BIN") --testing-library swift-testing --no-parallel --filter $(printf %q "$FILTER")"
-for arg in "${EXTRA[@]}"; do guest_cmd+=" $(printf %q "$arg")"; done
+# test binary with filter $1 (and more environment in $2). Arguments are quoted for that shell.
+guest_command() {
+    local filter=$1 environment=${2:-} command arg
+    command="export PEERLINK_BLUETOOTH_LAB=1 PEERLINK_BIN_DIR=$(printf %q "$(dirname "$BIN")") $environment;"
+    command+=" echo \"bluetooth lab: kernel \$(uname -r), hci0 \$BTVM_HCI0_ADDR, hci1 \$BTVM_HCI1_ADDR\";"
+    # --no-parallel: the suites share two controllers, and one test takes hci0 down.
+    command+=" $(printf %q "$BIN") --testing-library swift-testing --no-parallel --filter $(printf %q "$filter")"
+    for arg in "${EXTRA[@]}"; do command+=" $(printf %q "$arg")"; done
+    # a bluetoothd that died under the tests is worth its log
+    command+="; rc=\$?; if [ -s /run/btvm/bluetoothd.pid ] && ! kill -0 \$(cat /run/btvm/bluetoothd.pid) 2>/dev/null; then"
+    command+=" echo 'bluetooth lab: bluetoothd is not running any more; the end of its log:'; tail -n 40 /run/btvm/bluetoothd.log; fi;"
+    command+=" [ -s /run/btvm/forget-bonds.log ] && echo \"bluetooth lab: \$(wc -l < /run/btvm/forget-bonds.log) bonds the emulator left were removed\"; exit \$rc"
+    printf '%s' "$command"
+}
+
+# Tests that need controllers that never paired before (see BluetoothFreshLabTests): one boot
+# each, after the main run; with --filter, those the filter names.
+FRESH_TESTS=(linksLeaveNoBond staleBondRemovedOnHci0 staleBondRemovedOnHci1 desktopAgentIsAskedOnlyAboutOthersPairings)
+
+report() {
+    case "$LAB_RC" in
+        0) say "passed" ;;
+        124) say "the VM ran out of time (${PEERLINK_LAB_TIMEOUT:-900} s): a test hangs; rerun with --console" ;;
+        125) ;;
+        *) say "failed (exit $LAB_RC)" ;;
+    esac
+}
 
 say "running the Bluetooth suites in the VM (filter: $FILTER)"
-lab_boot "$guest_cmd" "${BLUETOOTHD[@]}" "${CONSOLE[@]}"
-case "$LAB_RC" in
-    0) say "passed" ;;
-    124) say "the VM ran out of time (${PEERLINK_LAB_TIMEOUT:-900} s): a test hangs; rerun with --console" ;;
-    125) ;;
-    *) say "failed (exit $LAB_RC)" ;;
-esac
-exit "$LAB_RC"
+FORGET=()
+[ ${#BLUETOOTHD[@]} -gt 0 ] && FORGET=(--forget-bonds)
+lab_boot "$(guest_command "$FILTER")" "${BLUETOOTHD[@]}" "${FORGET[@]}" "${CONSOLE[@]}"
+report
+rc=$LAB_RC
+if [ ${#BLUETOOTHD[@]} -gt 0 ]; then
+    for test in "${FRESH_TESTS[@]}"; do
+        [ "$FILTER" = Bluetooth ] || [[ "BluetoothFreshLabTests/$test" =~ $FILTER ]] || continue
+        say "running BluetoothFreshLabTests/$test in a VM boot of its own"
+        lab_boot "$(guest_command "BluetoothFreshLabTests/$test" PEERLINK_BLUETOOTH_FRESH_BOOT=1)" "${BLUETOOTHD[@]}" "${CONSOLE[@]}"
+        report
+        [ "$rc" = 0 ] && rc=$LAB_RC
+    done
+fi
+exit "$rc"

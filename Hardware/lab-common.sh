@@ -43,3 +43,39 @@ lab_boot() {
         say "the VM did not start: rerun with --console, or see Hardware/btvm/README.md"
     fi
 }
+
+# lab_measure_boots N K: boots the VM N times with bluetoothd, K CPU-bound processes beside it,
+# and prints what each boot's set-up did; returns 1 if any boot failed to set up.
+lab_measure_boots() {
+    local boots=$1 load=$2 i rc out tries setup wall failed=0 retried=0 loaders=()
+    for ((i = 0; i < load; i++)); do
+        # bounded: at most an hour, and stopped below
+        timeout 3600 sh -c 'while :; do :; done' &
+        loaders+=($!)
+    done
+    # shellcheck disable=SC2317 # invoked by the trap
+    stop_loaders() { [ ${#loaders[@]} -gt 0 ] && kill "${loaders[@]}" 2>/dev/null; true; }
+    trap stop_loaders EXIT
+    say "measuring $boots boots with bluetoothd, $load CPU-bound processes beside the VM ($(nproc) CPUs)"
+    printf '%-5s %-7s %-6s %-9s %s\n' boot result tries "set-up" wall
+    for ((i = 1; i <= boots; i++)); do
+        rc=0
+        out=$(BTVM_TIME=1 "$HERE/btvm/run.sh" --bluetoothd --timeout 300 -- \
+            'cat /run/btvm/setup-times; hciconfig | grep -c "UP RUNNING"' 2>&1) || rc=$?
+        tries=$(echo "$out" | sed -n 's/.*set up in [0-9.]* s (try \([0-9]*\)).*/\1/p' | tail -n 1)
+        setup=$(echo "$out" | sed -n 's/.*set up in \([0-9.]*\) s.*/\1/p' | tail -n 1)
+        wall=$(echo "$out" | sed -n 's/^run.sh: [a-z]*, \([0-9.]*\)s wall/\1/p' | tail -n 1)
+        if [ "$rc" = 0 ] && [ "$(echo "$out" | grep -E '^[0-9]+$' | tail -n 1)" = 2 ]; then
+            printf '%-5s %-7s %-6s %-9s %s\n' "$i" ok "${tries:-?}" "${setup:-?} s" "${wall:-?} s"
+            [ "${tries:-1}" -gt 1 ] && retried=$((retried + 1))
+        else
+            failed=$((failed + 1))
+            printf '%-5s %-7s %-6s %-9s %s\n' "$i" "FAILED" "${tries:--}" - "${wall:-?} s (exit $rc)"
+            echo "$out" | grep -E 'bt-setup|start-bluetoothd|failed|Opcode' | sed 's/^/      /' | head -n 8
+        fi
+    done
+    stop_loaders
+    trap - EXIT
+    say "$boots boots, $load CPU-bound processes beside: $failed failed to set up, $retried set up after re-creating a controller in the guest"
+    [ "$failed" = 0 ]
+}

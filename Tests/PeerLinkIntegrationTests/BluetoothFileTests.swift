@@ -134,7 +134,6 @@ struct BluetoothFileTests {
             try await client.waitForState(peer, .notConnected, within: .seconds(60))
             try await server.waitForState(client.session.localPeer, .notConnected, within: .seconds(60))
             try await BluetoothLab.hciconfig(0, ["up"])
-            try await BluetoothLab.hciconfig(0, ["piscan"])
             adapterDown = false
             try await BluetoothLab.forgetDeadLinks(1)
             _ = try await Self.reconnect(client, server, endpoint)
@@ -155,7 +154,6 @@ struct BluetoothFileTests {
         } catch {
             if adapterDown {
                 try? await BluetoothLab.hciconfig(0, ["up"])
-                try? await BluetoothLab.hciconfig(0, ["piscan"])
             }
             await client.stop()
             await server.stop()

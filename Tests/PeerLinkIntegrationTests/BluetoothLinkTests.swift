@@ -115,6 +115,10 @@ struct BluetoothLinkTests {
     ])
     func nobodyListeningIsAClearErrorNotAHang(_ template: String) async throws {
         let hci0 = try BluetoothLab.address(0)
+        // hci0 connectable, as while any PeerLink listens on it (stock bluetoothd pages only
+        // for paired devices otherwise): the refusal must come from the channel / PSM
+        let reachable = try BluetoothVisibilityHold.acquire(adapter: "hci0")
+        defer { reachable?.release() }
         let endpoint = try Endpoint(parsing: template.replacingOccurrences(of: "ADDR", with: hci0.description))
         let transport = BluetoothTransport(adapter: try BluetoothLab.address(1))
         let error = await #expect(throws: PeerLinkError.self) {

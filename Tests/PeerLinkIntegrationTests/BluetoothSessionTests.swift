@@ -178,13 +178,11 @@ struct BluetoothSessionTests {
             }
         } catch {
             try? await BluetoothLab.hciconfig(0, ["up"])
-            try? await BluetoothLab.hciconfig(0, ["piscan"])
             await client.stop()
             await server.stop()
             throw error
         }
         try await BluetoothLab.hciconfig(0, ["up"])
-        try await BluetoothLab.hciconfig(0, ["piscan"])
         await client.stop()
         await server.stop()
     }

@@ -47,11 +47,11 @@ enum BluetoothLab {
     /// a link out and refuse to disconnect one whose other end they dropped: after `hciconfig
     /// hci0 down`, hci1's kernel keeps the dead ACL connection, and new L2CAP or RFCOMM
     /// connects over it go nowhere (no answer, or `EBUSY` while the old RFCOMM session stays).
-    /// Only a reset of `index` clears it, so this takes the adapter down and up again.
+    /// Only a reset of `index` clears it, so this takes the adapter down and up again
+    /// (bluetoothd sees it powered again; a PeerLink hold makes it discoverable again).
     static func forgetDeadLinks(_ index: Int) async throws {
         try await hciconfig(index, ["down"])
         try await hciconfig(index, ["up"])
-        try await hciconfig(index, ["piscan"])
     }
 
     /// The SHA-256 of `bytes` with their count, to compare what was sent with what arrived.
