@@ -9,9 +9,10 @@ import PeerLinkExampleSupport
 
 let tool = "peerlink-example-automesh"
 let usage = """
-    usage: \(tool) [--name NAME] [--service TYPE] [--interval SECONDS] [--identity PATH]
+    usage: \(tool) [--name NAME] [--service TYPE] [--interval SECONDS] [--transport T] [--identity PATH]
       --name NAME         the name the others see (default: this host's name)
       --service TYPE      the service type every member uses (default: mesh)
+      --transport T       auto (the LAN and Bluetooth, the default), lan or bluetooth
       --interval SECONDS  how often to send "NAME is here" to everyone (default: 5)
       --identity PATH     the identity file (default: $XDG_CONFIG_HOME/peerlink/identity.json);
                           a second copy on the same machine needs its own
@@ -29,12 +30,14 @@ enum AutoMeshExample {
     }
 
     static func main() async {
-        let arguments = parseArguments(["--name", "--service", "--interval", "--identity"], usage: usage)
+        let arguments = parseArguments(["--name", "--service", "--interval", "--transport", "--identity"], usage: usage)
         let name = validName(arguments["--name"] ?? hostName())
         let service = validService(arguments["--service"] ?? "mesh")
         let interval = validInterval(arguments["--interval"] ?? "5")
         let identity = loadIdentity(at: arguments["--identity"] ?? IdentityStore.defaultPath())
-        let peer = makePeer(identity, name: name, service: service, policy: SessionPolicy(automatic: true))
+        let peer = makePeer(
+            identity, name: name, service: service, policy: SessionPolicy(automatic: true),
+            transports: validTransports(arguments["--transport"] ?? "auto"))
         let session = peer.session
 
         let (inputs, input) = AsyncStream.makeStream(of: Input.self)
@@ -43,7 +46,7 @@ enum AutoMeshExample {
             input.yield(.sessionEnded)
         }
         Task {
-            for await event in session.events { input.yield(.session(event)) }
+            for await event in sessionEvents(of: peer) { input.yield(.session(event)) }
         }
         Task {
             while !Task.isCancelled {

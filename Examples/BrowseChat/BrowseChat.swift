@@ -12,9 +12,10 @@ import PeerLinkExampleSupport
 
 let tool = "peerlink-example-browsechat"
 let usage = """
-    usage: \(tool) [--name NAME] [--service TYPE] [--identity PATH]
+    usage: \(tool) [--name NAME] [--service TYPE] [--transport T] [--identity PATH]
       --name NAME      the name the others see (default: this host's name)
       --service TYPE   the service type to browse and advertise (default: chat)
+      --transport T    auto (the LAN and Bluetooth, the default), lan or bluetooth
       --identity PATH  the identity file (default: $XDG_CONFIG_HOME/peerlink/identity.json);
                        a second copy on the same machine needs its own
     \(commands)
@@ -37,17 +38,18 @@ enum BrowseChatExample {
     }
 
     static func main() async {
-        let arguments = parseArguments(["--name", "--service", "--identity"], usage: usage)
+        let arguments = parseArguments(["--name", "--service", "--transport", "--identity"], usage: usage)
         let name = validName(arguments["--name"] ?? hostName())
         let service = validService(arguments["--service"] ?? "chat")
         let identity = loadIdentity(at: arguments["--identity"] ?? IdentityStore.defaultPath())
         let manual = SessionPolicy(automatic: false)
+        let transports = validTransports(arguments["--transport"] ?? "auto")
 
         let (inputs, input) = AsyncStream.makeStream(of: Input.self)
-        /// Runs a LAN peer (listener, advertisement, session) and forwards its session's events.
-        func start(_ peer: LANPeer, generation: Int) -> Task<Void, Never> {
+        /// Runs a peer (listeners, advertisements, session) and forwards its session's events.
+        func start(_ peer: PeerNode, generation: Int) -> Task<Void, Never> {
             Task {
-                for await event in peer.session.events { input.yield(.session(generation: generation, event)) }
+                for await event in sessionEvents(of: peer) { input.yield(.session(generation: generation, event)) }
             }
             return Task {
                 await peer.run()
@@ -55,19 +57,18 @@ enum BrowseChatExample {
             }
         }
         var generation = 0
-        var peer = makePeer(identity, name: name, service: service, policy: manual)
+        var peer = makePeer(identity, name: name, service: service, policy: manual, transports: transports)
         var running = start(peer, generation: generation)
-        var myPorts: Set<UInt16> = [peer.listener.port]
+        var myPeers = [peer]
 
-        // The browse list has a browser of its own: it outlives the sessions `end` replaces.
-        let browsing: AsyncStream<DiscoveryEvent>
-        do {
-            browsing = try LANBrowser(serviceType: service).events()
-        } catch {
-            fail(error)
-        }
+        // The browse list has a discovery of its own (every transport the peer runs, merged): it
+        // outlives the sessions `end` replaces.
+        let browsing = PeerDiscovery(
+            modules: peer.modules.filter { peer.runningModules.contains($0.name) }, request: BrowseRequest(serviceType: service))
         Task {
-            for await event in browsing { input.yield(.nearby(event)) }
+            await browsing.run { event in
+                if case .peer(let change) = event { input.yield(.nearby(change)) }
+            }
         }
         let signals = onTerminationSignals { input.yield(.signal) }
         readLines { input.yield($0.map(Input.line) ?? .endOfInput) }
@@ -102,7 +103,7 @@ enum BrowseChatExample {
                 if found.id.fingerprint == identity.fingerprint {
                     // This peer itself, or a second copy started with the same identity file.
                     let elsewhere = found.endpoints.contains { endpoint in
-                        if case .tcp(_, let port) = endpoint { !myPorts.contains(port) } else { false }
+                        !myPeers.contains { isOwnEndpoint(endpoint, of: $0) }
                     }
                     if elsewhere && !warnedSameIdentity {
                         warnedSameIdentity = true
@@ -178,9 +179,9 @@ enum BrowseChatExample {
                     await peer.session.disconnect()
                     await running.value
                     generation += 1
-                    peer = makePeer(identity, name: name, service: service, policy: manual)
+                    peer = makePeer(identity, name: name, service: service, policy: manual, transports: transports)
                     running = start(peer, generation: generation)
-                    myPorts.insert(peer.listener.port)
+                    myPeers.append(peer)
                     members = []
                     invited = []
                     prompts = []

@@ -11,9 +11,10 @@ import PeerLinkExampleSupport
 
 let tool = "peerlink-example-counter"
 let usage = """
-    usage: \(tool) [--name NAME] [--service TYPE] [--identity PATH]
+    usage: \(tool) [--name NAME] [--service TYPE] [--transport T] [--identity PATH]
       --name NAME      the name the other side sees (default: this host's name)
       --service TYPE   the service type both sides use (default: counter)
+      --transport T    auto (the LAN and Bluetooth, the default), lan or bluetooth
       --identity PATH  the identity file (default: $XDG_CONFIG_HOME/peerlink/identity.json);
                        a second copy on the same machine needs its own
     Enter (or +) adds one to the other side's counter; quit (or the end of input) leaves.
@@ -33,11 +34,13 @@ enum CounterExample {
     }
 
     static func main() async {
-        let arguments = parseArguments(["--name", "--service", "--identity"], usage: usage)
+        let arguments = parseArguments(["--name", "--service", "--transport", "--identity"], usage: usage)
         let name = validName(arguments["--name"] ?? hostName())
         let service = validService(arguments["--service"] ?? "counter")
         let identity = loadIdentity(at: arguments["--identity"] ?? IdentityStore.defaultPath())
-        let peer = makePeer(identity, name: name, service: service, policy: SessionPolicy(maximumPeers: 2, automatic: true))
+        let peer = makePeer(
+            identity, name: name, service: service, policy: SessionPolicy(maximumPeers: 2, automatic: true),
+            transports: validTransports(arguments["--transport"] ?? "auto"))
         let session = peer.session
 
         let (inputs, input) = AsyncStream.makeStream(of: Input.self)
@@ -46,7 +49,7 @@ enum CounterExample {
             input.yield(.sessionEnded)
         }
         Task {
-            for await event in session.events { input.yield(.session(event)) }
+            for await event in sessionEvents(of: peer) { input.yield(.session(event)) }
         }
         let signals = onTerminationSignals { input.yield(.signal) }
         readLines { input.yield($0.map(Input.line) ?? .endOfInput) }

@@ -92,14 +92,50 @@ public func loadIdentity(at path: String) -> Identity {
     }
 }
 
-/// A peer on the LAN: a TCP listener, its DNS-SD advertisement, and a browser feeding a session.
-public func makePeer(_ identity: Identity, name: DisplayName, service: ServiceType, policy: SessionPolicy) -> LANPeer {
+public func validTransports(_ text: String) -> TransportChoice {
+    do { return try TransportChoice(parsing: text) } catch { usageError("--transport: \(error.message)") }
+}
+
+/// A peer on `transports` (the LAN and Bluetooth by default): listeners, advertisements and
+/// browsers on each, feeding one session. A transport that cannot run here is a note; none at
+/// all ends the program.
+public func makePeer(
+    _ identity: Identity, name: DisplayName, service: ServiceType, policy: SessionPolicy, transports: TransportChoice = .auto
+) -> PeerNode {
     do throws(PeerLinkError) {
-        return try LANPeer(
-            configuration: PeerSessionConfiguration(identity: identity, displayName: name, serviceType: service, policy: policy))
+        let node = try PeerNode(
+            configuration: PeerNodeConfiguration(
+                identity: identity, displayName: name, serviceType: service, transports: transports, policy: policy))
+        for notice in node.notices {
+            if case .unavailable(let facility, let error) = notice.what {
+                note("\(notice.label) \(facility == .links ? "skipped" : "discovery is off"): \(error.message)")
+            }
+        }
+        return node
     } catch {
         fail(error)
     }
+}
+
+/// The session events of `node`'s events (the rest is for tools that show transports).
+public func sessionEvents(of node: PeerNode) -> AsyncStream<PeerSessionEvent> {
+    AsyncStream { continuation in
+        let task = Task {
+            for await event in node.events {
+                if case .session(let event) = event { continuation.yield(event) }
+            }
+            continuation.finish()
+        }
+        continuation.onTermination = { _ in task.cancel() }
+    }
+}
+
+/// Whether `endpoint` is one of `node`'s own listeners (a TCP listener on every interface is
+/// known by its port).
+public func isOwnEndpoint(_ endpoint: Endpoint, of node: PeerNode) -> Bool {
+    let own = node.session.listeners.flatMap(\.localEndpoints)
+    if let tcp = endpoint.tcp { return own.contains { $0.tcp?.port == tcp.port } }
+    return own.contains(endpoint)
 }
 
 /// Calls `handler` on SIGINT or SIGTERM instead of dying, so the peer can leave cleanly.
@@ -126,27 +162,36 @@ public let sameIdentityWarning = """
     other. Give the second copy its own, e.g. --identity /tmp/second-identity.json
     """
 
-/// Watches the LAN for this peer's own identity at a port that is not its own (a second copy
-/// started with the same identity file) and calls `handler` once if it turns up.
-public func warnIfIdentityAdvertisedElsewhere(_ peer: LANPeer, _ handler: @escaping @Sendable () -> Void) {
-    let mine = peer.session.localPeer.fingerprint
-    let port = peer.listener.port
-    let browser = LANBrowser(serviceType: peer.browser.serviceType)
+/// Watches every transport of `peer` for its own identity at an endpoint that is not its own (a
+/// second copy started with the same identity file) and calls `handler` once if it turns up.
+public func warnIfIdentityAdvertisedElsewhere(_ peer: PeerNode, _ handler: @escaping @Sendable () -> Void) {
+    let mine = peer.localPeer.fingerprint
+    let running = peer.modules.filter { peer.runningModules.contains($0.name) }
+    let discovery = PeerDiscovery(modules: running, request: BrowseRequest(serviceType: peer.configuration.session.serviceType))
     Task {
-        guard let events = try? browser.events() else { return }
-        for await event in events {
-            switch event {
+        let once = WarnOnce()
+        await discovery.run { event in
+            guard case .peer(let change) = event else { return }
+            switch change {
             case .found(let found), .updated(let found):
-                let elsewhere = found.endpoints.contains { endpoint in
-                    if case .tcp(_, let other) = endpoint { other != port } else { false }
-                }
-                if found.id.fingerprint == mine && elsewhere {
+                if found.id.fingerprint == mine, found.endpoints.contains(where: { !isOwnEndpoint($0, of: peer) }), once.first() {
                     handler()
-                    return
                 }
             case .lost:
                 break
             }
+        }
+    }
+}
+
+private final class WarnOnce: @unchecked Sendable {
+    private let lock = NSLock()
+    private var warned = false
+
+    func first() -> Bool {
+        lock.withLock {
+            defer { warned = true }
+            return !warned
         }
     }
 }

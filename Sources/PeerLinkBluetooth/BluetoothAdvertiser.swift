@@ -15,7 +15,7 @@ import PeerLinkCore
 /// and held discoverable while the record is up, so inquiries find it
 /// (``BluetoothVisibilityHold``: restored afterwards). ``stop()`` unregisters the record;
 /// bluetoothd also drops it when this process's D-Bus connection closes, even after `kill -9`.
-public final class BluetoothAdvertiser: @unchecked Sendable {
+public final class BluetoothAdvertiser: TransportAdvertiser, @unchecked Sendable {
     public let peer: PeerID
     public let record: PeerLinkServiceRecord
     /// The adapter made powered and discoverable (`hciN`) and its address.
@@ -93,6 +93,16 @@ public final class BluetoothAdvertiser: @unchecked Sendable {
             "psm": "\(psm.map(\.description) ?? "-")", "adapter": "\(chosen.name)",
         ])
     }
+
+    /// `over Bluetooth on hci0 00:AA:01:00:00:00: SDP service class …, RFCOMM channel 3, L2CAP PSM 0x1001`.
+    public var summary: String {
+        "over Bluetooth on \(adapter) \(adapterAddress): SDP service class \(record.serviceType.bluetoothServiceClass), "
+            + "RFCOMM channel \(record.channel.map(\.description) ?? "-"), L2CAP PSM \(record.psm.map(\.description) ?? "-")"
+    }
+
+    /// The record is up once the advertiser exists (bluetoothd answered the registration): the
+    /// stream has no events and is finished.
+    public let events: AsyncStream<AdvertisementEvent> = AsyncStream { $0.finish() }
 
     /// Withdraws the record. Idempotent; also done when the advertiser is released.
     public func stop() {

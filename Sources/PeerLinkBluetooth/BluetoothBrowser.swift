@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PeerLinkCore
+import Synchronization
 
 /// A device a Bluetooth scan found, with the PeerLink peer its SDP server publishes, if any.
 public struct BluetoothScanEntry: Hashable, Sendable {
@@ -62,13 +63,23 @@ extension BluetoothScanner {
 ///
 /// An SDP answer proves the peer is there, so no further probe is made; a peer missing from
 /// `roundsBeforeLost` rounds in a row (its record withdrawn or the device gone) is lost.
-public final class BluetoothBrowser: Sendable {
+public final class BluetoothBrowser: TransportBrowser {
     public let serviceType: ServiceType
     public let adapter: String?
     public let roundDuration: Duration
     public let roundsBeforeLost: Int
     private let excluding: Set<Fingerprint>
     private let logger: Logger
+    /// The devices of the last round, for ``scanReport()``.
+    private let lastRound = LastRound()
+
+    /// The last round's result, shared with the task that scans.
+    private final class LastRound: Sendable {
+        private let round = Mutex<(entries: [BluetoothScanEntry], method: BluetoothScanner.Method)?>(nil)
+
+        func set(_ value: (entries: [BluetoothScanEntry], method: BluetoothScanner.Method)) { round.withLock { $0 = value } }
+        func get() -> (entries: [BluetoothScanEntry], method: BluetoothScanner.Method)? { round.withLock { $0 } }
+    }
 
     public init(
         serviceType: ServiceType, adapter: String? = nil, roundDuration: Duration = .seconds(5), roundsBeforeLost: Int = 2,
@@ -90,9 +101,10 @@ public final class BluetoothBrowser: Sendable {
     public func events() async throws(PeerLinkError) -> AsyncStream<DiscoveryEvent> {
         let first = try await BluetoothScanner.scanForPeers(
             serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger)
+        lastRound.set(first)
         let (events, output) = AsyncStream<DiscoveryEvent>.makeStream()
         let serviceType = serviceType, adapter = adapter, roundDuration = roundDuration
-        let roundsBeforeLost = roundsBeforeLost, excluding = excluding, logger = logger
+        let roundsBeforeLost = roundsBeforeLost, excluding = excluding, logger = logger, lastRound = lastRound
         let driver = Task {
             var known: [Fingerprint: (peer: DiscoveredPeer, missed: Int)] = [:]
             var round = first.entries
@@ -115,9 +127,10 @@ public final class BluetoothBrowser: Sendable {
                     }
                 }
                 do {
-                    round = try await BluetoothScanner.scanForPeers(
-                        serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger
-                    ).entries
+                    let next = try await BluetoothScanner.scanForPeers(
+                        serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger)
+                    lastRound.set(next)
+                    round = next.entries
                 } catch let error as PeerLinkError {
                     logger.warning("Bluetooth scan failed: \(error.message)")
                     try? await Task.sleep(for: roundDuration)
@@ -131,5 +144,28 @@ public final class BluetoothBrowser: Sendable {
         }
         output.onTermination = { _ in driver.cancel() }
         return events
+    }
+
+    /// The devices the last round saw — address, name, class, RSSI — PeerLink peers marked with
+    /// their name, id and endpoints.
+    public func scanReport() -> TransportScanReport? {
+        guard let round = lastRound.get() else { return nil }
+        let (entries, method) = (round.entries, round.method)
+        let rows = entries.map { entry -> [String] in
+            let device = entry.device
+            let peerLink = entry.peers.isEmpty
+                ? nil
+                : entry.peers.map { "PeerLink \($0.id.displayName) \($0.id.fingerprint.grouped) \($0.endpoints.map(\.description).joined(separator: " "))" }
+                    .joined(separator: "; ")
+            return [
+                device.address.description, device.name ?? "-",
+                device.deviceClass.map { "0x" + String($0, radix: 16) } ?? "-",
+                device.rssi.map { "\($0) dBm" } ?? "-",
+                peerLink ?? (entry.sdpProblem.map { "(SDP: \($0))" } ?? ""),
+            ]
+        }
+        return TransportScanReport(
+            title: "Bluetooth devices (\(method == .bluetoothd ? "bluetoothd discovery" : "HCI inquiry")): \(entries.count)",
+            columns: ["ADDRESS", "NAME", "CLASS", "RSSI", "PEERLINK"], rows: rows)
     }
 }

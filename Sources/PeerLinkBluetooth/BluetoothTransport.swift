@@ -47,6 +47,7 @@ public final class BluetoothLinkChannel: LinkChannel {
 /// whichever the kernel picks). Other endpoints throw ``PeerLinkError`` with code `unsupported`.
 public struct BluetoothTransport: Transport {
     public var name: String { "bluetooth" }
+    public var kinds: Set<TransportKind> { [.rfcomm, .l2cap] }
     /// The adapter links leave from (``BluetoothAddress/any``: the kernel picks).
     public let adapter: BluetoothAddress
     /// L2CAP: the largest packet this side accepts (nil: the kernel's default, 672).
@@ -65,17 +66,10 @@ public struct BluetoothTransport: Transport {
 
     /// Dials `endpoint` and returns the connection itself (its MTUs, addresses).
     public func connect(_ endpoint: Endpoint, timeout: Duration) async throws(PeerLinkError) -> BluetoothConnection {
-        let kind: BluetoothSocketKind
-        let address: BluetoothAddress
-        let port: UInt16
-        switch endpoint {
-        case .rfcomm(let remote, let channel):
-            (kind, address, port) = (.rfcomm, remote, UInt16(channel.value))
-        case .l2cap(let remote, let psm):
-            (kind, address, port) = (.l2cap, remote, psm.value)
-        default:
+        guard let target = endpoint.bluetooth else {
             throw PeerLinkError(.unsupported, "the Bluetooth transport dials bt:// endpoints, not \(endpoint)")
         }
+        let (kind, address, port) = (target.socketKind, target.address, target.portNumber)
         guard timeout > .zero else {
             throw PeerLinkError(.invalidParameter, "the dial timeout must be positive, not \(DurationText.seconds(timeout))")
         }

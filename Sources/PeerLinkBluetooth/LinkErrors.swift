@@ -154,13 +154,3 @@ extension BluetoothErrors {
         String(cString: Glibc.strerror(error.errno))
     }
 }
-
-extension Endpoint {
-    /// The device address of a `bt://` endpoint.
-    var bluetoothAddress: BluetoothAddress? {
-        switch self {
-        case .rfcomm(let address, _), .l2cap(let address, _): return address
-        default: return nil
-        }
-    }
-}

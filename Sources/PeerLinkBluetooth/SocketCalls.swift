@@ -26,8 +26,8 @@ public enum BluetoothSocketKind: String, Sendable, Hashable, CaseIterable {
     /// The endpoint of `address` at `port`, when the port is a valid channel / PSM.
     func endpoint(_ address: BluetoothAddress, port: UInt16) -> Endpoint? {
         switch self {
-        case .rfcomm: return RFCOMMChannel(Int(port)).map { .rfcomm(address: address, channel: $0) }
-        case .l2cap: return L2CAPPSM(Int(port)).map { .l2cap(address: address, psm: $0) }
+        case .rfcomm: return RFCOMMChannel(Int(port)).map { Endpoint.rfcomm(address: address, channel: $0) }
+        case .l2cap: return L2CAPPSM(Int(port)).map { Endpoint.l2cap(address: address, psm: $0) }
         }
     }
 }

@@ -1,95 +1,105 @@
-/// Where a peer can be reached: one address on one transport.
-public enum Endpoint: Hashable, Sendable, CustomStringConvertible {
-    /// A TCP endpoint. `host` is a numeric IPv4 or IPv6 address; an IPv6 link-local address
-    /// carries its zone (`fe80::1%eth0`).
-    case tcp(host: String, port: UInt16)
-    /// A Bluetooth Classic RFCOMM server channel (a byte stream).
-    case rfcomm(address: BluetoothAddress, channel: RFCOMMChannel)
-    /// A Bluetooth Classic L2CAP channel in SEQPACKET mode, by PSM.
-    case l2cap(address: BluetoothAddress, psm: L2CAPPSM)
-    /// A listener of the in-memory transport, by name (deterministic tests only).
-    case memory(name: String)
+/// The kind of link an endpoint leads to — `tcp`, `l2cap`, `rfcomm`, `memory` — as tools print it
+/// and as ``TransportRanking`` orders it.
+///
+/// An open set: each transport target names its own kinds (`TransportKind.tcp` comes with the TCP
+/// transport, `.l2cap` and `.rfcomm` with the Bluetooth one), and a new transport adds its kind
+/// without touching anything here. A kind is 1 to 32 lowercase ASCII letters, digits, `+`, `-`
+/// or `.`, starting with a letter (the characters of a URL scheme).
+public struct TransportKind: Hashable, Sendable, Comparable, CustomStringConvertible, ExpressibleByStringLiteral {
+    public let rawValue: String
 
-    /// The transport's name as tools print it: `tcp`, `rfcomm`, `l2cap`, `memory`.
-    public var transport: String {
-        switch self {
-        case .tcp: return "tcp"
-        case .rfcomm: return "rfcomm"
-        case .l2cap: return "l2cap"
-        case .memory: return "memory"
+    /// nil when `rawValue` is not a valid kind (see the type's rules).
+    public init?(_ rawValue: String) {
+        guard Self.isValid(rawValue) else { return nil }
+        self.rawValue = rawValue
+    }
+
+    /// A kind written in code; an invalid one traps.
+    public init(stringLiteral value: String) {
+        precondition(Self.isValid(value), "'\(value)' is not a transport kind: 1-32 lowercase letters, digits, '+', '-' or '.', starting with a letter")
+        rawValue = value
+    }
+
+    static func isValid(_ text: String) -> Bool {
+        guard let first = text.utf8.first, (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(first), text.utf8.count <= 32 else {
+            return false
+        }
+        return text.utf8.allSatisfy { byte in
+            (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte)
+                || byte == UInt8(ascii: "+") || byte == UInt8(ascii: "-") || byte == UInt8(ascii: ".")
         }
     }
 
-    /// Whether the endpoint is on a Bluetooth transport.
-    public var isBluetooth: Bool {
-        switch self {
-        case .rfcomm, .l2cap: return true
-        case .tcp, .memory: return false
-        }
+    public var description: String { rawValue }
+
+    public static func < (lhs: TransportKind, rhs: TransportKind) -> Bool { lhs.rawValue < rhs.rawValue }
+}
+
+/// A value a transport puts in its endpoints: what a script sees of an endpoint in
+/// `peerlink scan --json` besides its text.
+public enum EndpointField: Hashable, Sendable {
+    case text(String)
+    case number(Int)
+}
+
+/// The address part of an ``Endpoint``, defined by the transport that dials it: `TCPEndpoint`
+/// (host and port), `BluetoothEndpoint` (device, RFCOMM channel or L2CAP PSM), `MemoryEndpoint`
+/// (a listener's name)…
+///
+/// Its `description` is the endpoint's text, which the transport's ``EndpointScheme`` parses back
+/// (`tcp://127.0.0.1:4000`, `bt://00:AA:01:00:00:00/l2cap/0x1001`).
+public protocol EndpointAddress: Hashable, Sendable, CustomStringConvertible {
+    /// The kind of link this address leads to.
+    var kind: TransportKind { get }
+    /// The address's parts by name, for scripts (`host`, `port`; `address`, `channel`…).
+    var fields: [String: EndpointField] { get }
+}
+
+extension EndpointAddress {
+    public var fields: [String: EndpointField] { [:] }
+
+    fileprivate func isEqual(to other: any EndpointAddress) -> Bool {
+        guard let other = other as? Self else { return false }
+        return self == other
+    }
+}
+
+/// Where a peer can be reached: one address on one kind of link.
+///
+/// Endpoints are values of an open set: the core knows none of them. Each transport target adds
+/// its typed constructors and accessors in an extension (`Endpoint.tcp(host:port:)` and
+/// `endpoint.tcp` with the TCP transport; `Endpoint.l2cap(address:psm:)`, `.rfcomm(address:channel:)`
+/// and `endpoint.bluetooth` with the Bluetooth one) and registers an ``EndpointScheme`` so that
+/// ``init(parsing:)`` reads its texts.
+public struct Endpoint: Hashable, Sendable, CustomStringConvertible {
+    /// The kind of link: `tcp`, `l2cap`, `rfcomm`, `memory`…
+    public let kind: TransportKind
+    /// The transport's own address value; ``address(as:)`` reads it as its type.
+    public let address: any EndpointAddress
+
+    public init(_ address: some EndpointAddress) {
+        kind = address.kind
+        self.address = address
     }
 
-    public var description: String {
-        switch self {
-        case .tcp(let host, let port):
-            return host.contains(":") ? "tcp://[\(host)]:\(port)" : "tcp://\(host):\(port)"
-        case .rfcomm(let address, let channel):
-            return "bt://\(address)/rfcomm/\(channel)"
-        case .l2cap(let address, let psm):
-            return "bt://\(address)/l2cap/\(psm)"
-        case .memory(let name):
-            return "memory://\(name)"
-        }
+    /// The address as the transport's type, or nil when it is another transport's.
+    public func address<Address: EndpointAddress>(as type: Address.Type) -> Address? {
+        address as? Address
     }
 
-    /// Parses what ``description`` prints: `tcp://127.0.0.1:4000`, `tcp://[::1]:4000`,
-    /// `bt://00:AA:01:00:00:00/rfcomm/5`, `bt://00:AA:01:00:00:00/l2cap/0x1001` (a PSM in hex or
-    /// decimal). The error says which part is wrong and shows the accepted forms.
-    public init(parsing text: String) throws(PeerLinkError) {
-        let forms = "use tcp://HOST:PORT, tcp://[IPv6]:PORT, bt://AA:BB:CC:DD:EE:FF/rfcomm/CHANNEL (1-30) or bt://AA:BB:CC:DD:EE:FF/l2cap/PSM (odd, e.g. 0x1001)"
-        func bad(_ why: String) -> PeerLinkError {
-            PeerLinkError(.invalidParameter, "'\(text)' is not an endpoint: \(why); \(forms)")
-        }
-        if text.hasPrefix("bt://") {
-            let parts = text.dropFirst("bt://".count).split(separator: "/", omittingEmptySubsequences: false)
-            guard parts.count == 3 else { throw bad("a Bluetooth endpoint has an address, a protocol and a channel or PSM") }
-            guard let address = BluetoothAddress(String(parts[0])) else { throw bad("'\(parts[0])' is not a Bluetooth address") }
-            switch parts[1].lowercased() {
-            case "rfcomm":
-                guard let number = Int(parts[2]), let channel = RFCOMMChannel(number) else {
-                    throw bad("'\(parts[2])' is not an RFCOMM channel (1-30)")
-                }
-                self = .rfcomm(address: address, channel: channel)
-            case "l2cap":
-                guard let psm = L2CAPPSM(String(parts[2])) else {
-                    throw bad("'\(parts[2])' is not an L2CAP PSM (odd low byte, even high byte; dynamic PSMs start at 0x1001)")
-                }
-                self = .l2cap(address: address, psm: psm)
-            default:
-                throw bad("'\(parts[1])' is not rfcomm or l2cap")
-            }
-            return
-        }
-        if text.hasPrefix("tcp://") {
-            let rest = text.dropFirst("tcp://".count)
-            let host: Substring
-            let portText: Substring
-            if rest.hasPrefix("[") {
-                guard let close = rest.firstIndex(of: "]"), rest[rest.index(after: close)...].hasPrefix(":") else {
-                    throw bad("an IPv6 address is written in brackets: tcp://[::1]:4000")
-                }
-                host = rest[rest.index(after: rest.startIndex)..<close]
-                portText = rest[rest.index(close, offsetBy: 2)...]
-            } else {
-                guard let colon = rest.lastIndex(of: ":") else { throw bad("the port is missing") }
-                host = rest[..<colon]
-                portText = rest[rest.index(after: colon)...]
-            }
-            guard !host.isEmpty else { throw bad("the host is missing") }
-            guard let port = UInt16(portText), port > 0 else { throw bad("'\(portText)' is not a port (1-65535)") }
-            self = .tcp(host: String(host), port: port)
-            return
-        }
-        throw bad("unknown scheme")
+    /// The kind's name as tools print it: `tcp`, `rfcomm`, `l2cap`, `memory`.
+    public var transport: String { kind.rawValue }
+
+    /// The endpoint's text, as ``init(parsing:)`` reads it: `tcp://127.0.0.1:4000`.
+    public var description: String { address.description }
+
+    public static func == (lhs: Endpoint, rhs: Endpoint) -> Bool {
+        lhs.kind == rhs.kind && lhs.address.isEqual(to: rhs.address)
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(kind)
+        address.hash(into: &hasher)
     }
 }
 
@@ -105,6 +115,12 @@ public struct DiscoveredPeer: Hashable, Sendable {
         self.protocolVersion = protocolVersion
         self.endpoints = endpoints
         self.info = info
+    }
+
+    /// The kinds of link the peer is reachable on, in the order of its endpoints, each once.
+    public var transports: [TransportKind] {
+        var seen: Set<TransportKind> = []
+        return endpoints.map(\.kind).filter { seen.insert($0).inserted }
     }
 }
 

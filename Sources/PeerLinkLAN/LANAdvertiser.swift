@@ -2,18 +2,9 @@ import Foundation
 import Logging
 import PeerLinkCore
 
-/// What happens to a LAN advertisement.
-public enum LANAdvertiserEvent: Sendable, Equatable {
-    /// Published under this DNS-SD instance name.
-    case published(instanceName: String)
-    /// Another service on the network had the name: Avahi picked a new one and it is published
-    /// again under that (a `published` event follows).
-    case renamed(from: String, to: String)
-    /// avahi-daemon stopped; the advertisement is published again as soon as it is back.
-    case daemonUnavailable
-    /// Publishing failed for good.
-    case failed(PeerLinkError)
-}
+/// What happens to a LAN advertisement: `published` under a DNS-SD instance name, `renamed`
+/// on a collision, `daemonUnavailable` while avahi-daemon is away, `failed` for good.
+public typealias LANAdvertiserEvent = AdvertisementEvent
 
 /// Publishes the local peer on the LAN as `_<service>._tcp` through avahi-daemon, with a TXT
 /// record holding the protocol version, the identity fingerprint, the display name and the app's
@@ -21,7 +12,7 @@ public enum LANAdvertiserEvent: Sendable, Equatable {
 ///
 /// The advertisement points at `port`, where the caller listens for PeerLink links; browsers
 /// probe that port to tell a live peer from a stale cache entry.
-public final class LANAdvertiser: Sendable {
+public final class LANAdvertiser: TransportAdvertiser {
     public let peer: PeerID
     public let serviceType: ServiceType
     public let port: UInt16
@@ -56,7 +47,7 @@ public final class LANAdvertiser: Sendable {
             case .renamed(let from, let to):
                 continuation.yield(.renamed(from: from, to: to))
             case .daemonLost:
-                continuation.yield(.daemonUnavailable)
+                continuation.yield(.daemonUnavailable(daemon: "avahi-daemon"))
             case .failed(let message):
                 logger.warning("publishing failed: \(message)")
                 continuation.yield(.failed(PeerLinkError(.unavailable, message)))
@@ -64,6 +55,9 @@ public final class LANAdvertiser: Sendable {
         }
         publisher.start()
     }
+
+    /// `as _chat._tcp, port 4000`.
+    public var summary: String { "as \(serviceType.dnsSDType), port \(port)" }
 
     /// Withdraws the advertisement. Also done when the advertiser is released.
     public func stop() {

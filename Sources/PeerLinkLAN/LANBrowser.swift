@@ -10,7 +10,7 @@ import PeerLinkPosix
 /// when it withdraws or stops accepting connections (see ``LivenessPolicy``: within 10 s by
 /// default, where a DNS-SD cache alone keeps a vanished peer for 20 s and more). Records that are
 /// not PeerLink's (missing keys, bad UTF-8, oversized strings) are skipped with a debug log.
-public final class LANBrowser: Sendable {
+public final class LANBrowser: TransportBrowser {
     public let serviceType: ServiceType
     public let liveness: LivenessPolicy
     private let excluding: Set<Fingerprint>
@@ -115,13 +115,9 @@ public final class LANBrowser: Sendable {
     /// True when any endpoint accepts a connection within `timeout`.
     static func probe(_ endpoints: [Endpoint], timeout: Duration) async -> Bool {
         await withTaskGroup(of: Bool.self) { group in
-            for endpoint in endpoints {
-                switch endpoint {
-                case .tcp(let host, let port):
-                    group.addTask { await TCPProbe.isReachable(host: host, port: port, timeout: timeout) }
-                case .rfcomm, .l2cap, .memory:
-                    break  // a LAN record only carries TCP endpoints
-                }
+            // a LAN record only carries TCP endpoints
+            for target in endpoints.compactMap(\.tcp) {
+                group.addTask { await TCPProbe.isReachable(host: target.host, port: target.port, timeout: timeout) }
             }
             for await reachable in group where reachable {
                 group.cancelAll()

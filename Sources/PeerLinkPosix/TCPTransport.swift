@@ -45,13 +45,15 @@ public final class TCPLinkChannel: LinkChannel {
 /// so a composite transport can try the next transport.
 public struct TCPTransport: Transport {
     public var name: String { "tcp" }
+    public var kinds: Set<TransportKind> { [.tcp] }
 
     public init() {}
 
     public func dial(_ endpoint: Endpoint, timeout: Duration) async throws -> any LinkChannel {
-        guard case .tcp(let host, let port) = endpoint else {
+        guard let target = endpoint.tcp else {
             throw PeerLinkError(.unsupported, "the TCP transport dials tcp:// endpoints, not \(endpoint)")
         }
+        let (host, port) = (target.host, target.port)
         guard let address = IPSocketAddress(host: host, port: port) else {
             throw PeerLinkError(
                 .invalidParameter,

@@ -337,10 +337,10 @@ extension PeerSession {
         dialFailed(peer, reason: reason, report: "could not reach \(peer): \(reason)")
     }
 
-    /// Dials `endpoint` with the first transport that handles its kind (the others answer
-    /// `unsupported`).
+    /// Dials `endpoint` with the first transport that dials its kind (``PeerLinkCore/Transport/dials(_:)``;
+    /// one that names no kinds is tried too, and answers `unsupported` for kinds it does not dial).
     private func dialChannel(_ endpoint: Endpoint) async throws -> any LinkChannel {
-        for transport in transports {
+        for transport in transports where transport.dials(endpoint) {
             do {
                 return try await transport.dial(endpoint, timeout: configuration.dialTimeout)
             } catch let error as PeerLinkError where error.code == .unsupported && transports.count > 1 {

@@ -3,7 +3,12 @@ import Synchronization
 
 /// An in-memory network for deterministic tests: listeners register under a name, dials of
 /// `memory://name` connect to them, and each connection is a pair of ``MemoryChannel``s —
-/// ordered byte pipes with a bounded buffer per direction and back-pressure.
+/// ordered byte pipes with a bounded buffer per direction and back-pressure. Peers advertise
+/// and browse on it too (``publish(_:serviceType:)``, ``browse(serviceType:excluding:)``), which
+/// is how ``MemoryTransportModule`` plays a whole transport in a node's tests.
+///
+/// A listener may take another kind than `memory` (`listen(name:kind:)`): its endpoint is then
+/// `KIND://name`, so tests can run several in-memory transports side by side.
 ///
 /// No threads, no sleeps: everything happens when a task reads, writes or closes. Faults are
 /// injected with ``cut(_:)`` or ``MemoryChannel/sever()``, which act like a pulled cable: both
@@ -23,6 +28,7 @@ public final class MemoryNetwork: Sendable {
         var listeners: [String: MemoryListener] = [:]
         var connections: [String: [MemoryConnection]] = [:]
         var dialCount = 0
+        var directory = MemoryDirectory()
     }
 
     private let state = Mutex(State())
@@ -34,18 +40,43 @@ public final class MemoryNetwork: Sendable {
     /// A transport that dials this network's listeners.
     public var transport: MemoryTransport { MemoryTransport(network: self) }
 
-    /// Starts a listener reachable as `memory://name`.
+    /// Starts a listener reachable as `KIND://name` (`memory://name` by default).
     ///
     /// - Throws: ``PeerLinkError`` (`invalidParameter`) when a listener already has that name.
-    public func listen(name: String) throws(PeerLinkError) -> MemoryListener {
+    public func listen(name: String, kind: TransportKind = .memory) throws(PeerLinkError) -> MemoryListener {
         try state.withLock { state throws(PeerLinkError) -> MemoryListener in
             guard state.listeners[name] == nil else {
-                throw PeerLinkError(.invalidParameter, "memory://\(name) already has a listener: close it or pick another name")
+                throw PeerLinkError(.invalidParameter, "\(kind)://\(name) already has a listener: close it or pick another name")
             }
-            let listener = MemoryListener(name: name, network: self)
+            let listener = MemoryListener(name: name, kind: kind, network: self)
             state.listeners[name] = listener
             return listener
         }
+    }
+
+    /// Publishes `peer` on the network for browsers of `serviceType`, until the publication is
+    /// stopped (browsers then report it lost).
+    public func publish(_ peer: DiscoveredPeer, serviceType: ServiceType) -> MemoryPublication {
+        let (id, deliveries) = state.withLock { $0.directory.publish(peer, serviceType: serviceType) }
+        for (sink, event) in deliveries { sink.yield(event) }
+        return MemoryPublication(network: self, id: id, peer: peer)
+    }
+
+    func withdraw(_ id: Int) {
+        let deliveries = state.withLock { $0.directory.withdraw(id) }
+        for (sink, event) in deliveries { sink.yield(event) }
+    }
+
+    /// What is published for `serviceType` now, and what is published or withdrawn from now on:
+    /// `found` for each peer published (the ones published already first), `lost` when its last
+    /// publication stops. Peers in `excluding` are never reported. Browsing stops when the
+    /// consumer stops iterating.
+    public func browse(serviceType: ServiceType, excluding: Set<Fingerprint> = []) -> AsyncStream<DiscoveryEvent> {
+        let (events, sink) = AsyncStream.makeStream(of: DiscoveryEvent.self)
+        let (id, initial) = state.withLock { $0.directory.addBrowser(serviceType: serviceType, excluding: excluding, sink: sink) }
+        for event in initial { sink.yield(event) }
+        sink.onTermination = { [weak self] _ in self?.state.withLock { $0.directory.removeBrowser(id) } }
+        return events
     }
 
     /// Severs every open connection to the listener `name`, as if its cable were pulled: see
@@ -59,22 +90,22 @@ public final class MemoryNetwork: Sendable {
         for connection in connections { connection.sever() }
     }
 
-    /// Connects to the listener `name`: the dialer's end, whose peer waits in the listener's
-    /// accept queue.
-    func dial(_ name: String) throws(PeerLinkError) -> MemoryChannel {
+    /// Connects to the listener `name` of `kind`: the dialer's end, whose peer waits in the
+    /// listener's accept queue.
+    func dial(_ name: String, kind: TransportKind = .memory) throws(PeerLinkError) -> MemoryChannel {
         try state.withLock { state throws(PeerLinkError) -> MemoryChannel in
-            guard let listener = state.listeners[name] else {
-                throw PeerLinkError(.unavailable, "nothing listens at memory://\(name): is the peer still running?")
+            guard let listener = state.listeners[name], listener.kind == kind else {
+                throw PeerLinkError(.unavailable, "nothing listens at \(kind)://\(name): is the peer still running?")
             }
             state.dialCount += 1
             let connection = MemoryConnection(capacity: bufferCapacity)
             state.connections[name, default: []].removeAll { $0.isFinished }
             state.connections[name, default: []].append(connection)
-            let dialer = MemoryChannel(connection: connection, side: 0, remoteDescription: "memory://\(name)")
+            let dialer = MemoryChannel(connection: connection, side: 0, kind: kind, remoteDescription: "\(kind)://\(name)")
             let accepted = MemoryChannel(
-                connection: connection, side: 1, remoteDescription: "memory://\(name)/dialer-\(state.dialCount)")
+                connection: connection, side: 1, kind: kind, remoteDescription: "\(kind)://\(name)/dialer-\(state.dialCount)")
             guard listener.enqueue(accepted) else {
-                throw PeerLinkError(.unavailable, "nothing listens at memory://\(name): is the peer still running?")
+                throw PeerLinkError(.unavailable, "nothing listens at \(kind)://\(name): is the peer still running?")
             }
             return dialer
         }
@@ -87,29 +118,35 @@ public final class MemoryNetwork: Sendable {
     }
 }
 
-/// Dials ``Endpoint/memory(name:)`` endpoints of one ``MemoryNetwork``; other endpoints throw
-/// ``PeerLinkError`` with code `unsupported`. Dials complete at once (the timeout is not used).
+/// Dials the ``MemoryEndpoint``s of one kind (`memory` by default) of one ``MemoryNetwork``;
+/// other endpoints throw ``PeerLinkError`` with code `unsupported`. Dials complete at once (the
+/// timeout is not used).
 public struct MemoryTransport: Transport {
     public let network: MemoryNetwork
+    /// The kind of the endpoints it dials.
+    public let kind: TransportKind
 
-    public init(network: MemoryNetwork) {
+    public init(network: MemoryNetwork, kind: TransportKind = .memory) {
         self.network = network
+        self.kind = kind
     }
 
-    public var name: String { "memory" }
+    public var name: String { kind.rawValue }
+    public var kinds: Set<TransportKind> { [kind] }
 
     public func dial(_ endpoint: Endpoint, timeout: Duration) async throws -> any LinkChannel {
-        guard case .memory(let name) = endpoint else {
-            throw PeerLinkError(.unsupported, "the memory transport dials memory:// endpoints, not \(endpoint)")
+        guard let target = endpoint.memory, target.kind == kind else {
+            throw PeerLinkError(.unsupported, "the \(kind) transport dials \(kind):// endpoints, not \(endpoint)")
         }
-        return try network.dial(name)
+        return try network.dial(target.name, kind: kind)
     }
 }
 
 /// A listener of a ``MemoryNetwork``: dialled connections wait here until accepted.
 public final class MemoryListener: TransportListener {
     public let name: String
-    public var localEndpoints: [Endpoint] { [.memory(name: name)] }
+    public let kind: TransportKind
+    public var localEndpoints: [Endpoint] { [.memory(name: name, kind: kind)] }
     private let network: MemoryNetwork
 
     private struct State {
@@ -120,8 +157,9 @@ public final class MemoryListener: TransportListener {
 
     private let state = Mutex(State())
 
-    init(name: String, network: MemoryNetwork) {
+    init(name: String, kind: TransportKind, network: MemoryNetwork) {
         self.name = name
+        self.kind = kind
         self.network = network
     }
 
@@ -133,7 +171,7 @@ public final class MemoryListener: TransportListener {
                     if !state.queue.isEmpty {
                         continuation.resume(returning: state.queue.removeFirst())
                     } else if state.closed {
-                        continuation.resume(throwing: PeerLinkError(.notConnected, "the listener memory://\(name) is closed"))
+                        continuation.resume(throwing: PeerLinkError(.notConnected, "the listener \(kind)://\(name) is closed"))
                     } else if Task.isCancelled {
                         continuation.resume(throwing: CancellationError())
                     } else {
@@ -168,7 +206,7 @@ public final class MemoryListener: TransportListener {
             return (state.queue, state.waiters.removeAll())
         }
         for waiter in waiters {
-            waiter.resume(throwing: PeerLinkError(.notConnected, "the listener memory://\(name) is closed"))
+            waiter.resume(throwing: PeerLinkError(.notConnected, "the listener \(kind)://\(name) is closed"))
         }
         for channel in unaccepted { channel.close() }
         network.remove(self)
@@ -184,14 +222,17 @@ public final class MemoryListener: TransportListener {
 /// - ``sever()`` cuts the connection silently for both ends: reads wait until the task is
 ///   cancelled or this end is closed, writes are dropped.
 public final class MemoryChannel: LinkChannel {
-    public var transport: String { "memory" }
+    public var transport: String { kind.rawValue }
     public let remoteDescription: String
+    /// The kind of the listener it was dialled to.
+    public let kind: TransportKind
     private let connection: MemoryConnection
     private let side: Int
 
-    init(connection: MemoryConnection, side: Int, remoteDescription: String) {
+    init(connection: MemoryConnection, side: Int, kind: TransportKind = .memory, remoteDescription: String) {
         self.connection = connection
         self.side = side
+        self.kind = kind
         self.remoteDescription = remoteDescription
     }
 

@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
+import Logging
 import PeerLink
-import Synchronization
 
 struct Chat: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -15,11 +15,18 @@ struct Chat: AsyncParsableCommand {
             peers met before) are admitted; any other is refused right after its handshake, and both \
             sides print why. Meet a peer once without the flag to trust it.
 
-            Typed lines go to every connected peer. Commands: /peers lists the peers with transport, \
-            id and verification code; /send PATH sends a file to every connected peer (progress \
+            Typed lines go to every connected peer. Commands: /peers lists the peers with id, the link \
+            in use (transport and address), encryption, verification code, and every transport the \
+            peer is reachable on; /send PATH sends a file to every connected peer (progress \
             lines while chat goes on, then "* NAME verified by PEER"); /quit leaves. Files peers \
             send are saved into --dir (default: the current directory; an existing file is never \
             overwritten: "NAME (1).EXT") and "* saved PATH (from PEER, ...)" says where.
+
+            --transport auto (the default) runs the LAN and Bluetooth together: a peer found on both \
+            is one peer, reached on its best transport (--prefer, default tcp,l2cap,rfcomm); a \
+            transport that cannot run here is one line on standard error and the others go on. \
+            With Bluetooth, chat listens on RFCOMM and L2CAP on one adapter (--adapter, default the \
+            first that is up); --connect reaches a peer at an endpoint, whoever it is.
 
             When standard input or output is not a terminal, chat is scriptable: one line in is one \
             message (lines read before anybody is connected wait for the first peer, up to --wait \
@@ -56,7 +63,21 @@ struct Chat: AsyncParsableCommand {
 
     @OptionGroup var peer: PeerOptions
 
-    @OptionGroup var links: ChatLinkOptions
+    @OptionGroup var transports: TransportOptions
+
+    @Option(help: ArgumentHelp(
+        "Connect to the peer at this endpoint, whoever it is: bt://ADDR/rfcomm/CHANNEL, bt://ADDR/l2cap/PSM or tcp://HOST:PORT.",
+        valueName: "endpoint"))
+    var connect: String?
+
+    @Option(help: ArgumentHelp("The Bluetooth adapter to use, hciN (default: the first one that is up).", valueName: "hciN"))
+    var adapter: String?
+
+    @Option(help: ArgumentHelp("Listen for RFCOMM links on this channel, 1 to 30 (default: a free one).", valueName: "channel"))
+    var rfcommChannel: Int?
+
+    @Option(help: ArgumentHelp("Listen for L2CAP links on this PSM, 0x1001 and up, odd (default: a free one).", valueName: "psm"))
+    var l2capPsm: String?
 
     func validate() throws {
         do {
@@ -78,6 +99,27 @@ struct Chat: AsyncParsableCommand {
         guard wait > 0, wait <= 3600 else {
             throw ArgumentParser.ValidationError("--wait must be more than 0 and at most 3600 seconds")
         }
+        if let connect {
+            do {
+                _ = try endpoint(connect)
+            } catch {
+                throw ArgumentParser.ValidationError("--connect: \(error.message)")
+            }
+        }
+        try validateAdapter(adapter)
+        if let rfcommChannel, RFCOMMChannel(rfcommChannel) == nil {
+            throw ArgumentParser.ValidationError("--rfcomm-channel must be 1 to 30, not \(rfcommChannel)")
+        }
+        if let l2capPsm {
+            guard let psm = L2CAPPSM(l2capPsm) else {
+                throw ArgumentParser.ValidationError(
+                    "--l2cap-psm must be a PSM such as 0x1001: odd in its low byte, even in its high byte; not '\(l2capPsm)'")
+            }
+            guard psm.isDynamic else {
+                throw ArgumentParser.ValidationError(
+                    "--l2cap-psm \(psm) is reserved (below 0x1001, needs CAP_NET_BIND_SERVICE): use a dynamic PSM such as 0x1001")
+            }
+        }
     }
 
     static func preference(_ text: String) -> EncryptionPreference? {
@@ -89,6 +131,19 @@ struct Chat: AsyncParsableCommand {
         }
     }
 
+    /// The transports chosen, the Bluetooth one configured with the options.
+    func choice(logger: Logger) -> TransportChoice {
+        transports.transport.configuring(
+            bluetoothModule(
+                adapter: adapter, channel: rfcommChannel.flatMap(RFCOMMChannel.init), psm: l2capPsm.flatMap(L2CAPPSM.init), logger: logger))
+    }
+
+    /// `--connect`'s text as an endpoint, read by the chosen transports' schemes.
+    func endpoint(_ text: String) throws(PeerLinkError) -> Endpoint {
+        for module in choice(logger: Logger(label: "peerlink.chat")).modules() { module.registerEndpointSchemes() }
+        return try Endpoint(parsing: text)
+    }
+
     func run() async throws {
         let logger = peer.makeLogger("peerlink.chat")
         let interactive = isatty(0) == 1 && isatty(1) == 1
@@ -97,28 +152,26 @@ struct Chat: AsyncParsableCommand {
         let identityPath = peer.identity ?? IdentityStore.defaultPath()
         let knownPath = KnownPeersStore.defaultPath(identityPath: identityPath)
         let console = ChatConsole(interactive: interactive)
-        let node: ChatNode
-        let known: SharedKnownPeers
+        let target = try connect.map { text throws(PeerLinkError) in try endpoint(text) }
+        let node: PeerNode
         do {
             let identity = try peer.loadIdentity()
-            let shared = SharedKnownPeers(try KnownPeersStore.load(at: knownPath))
-            known = shared
-            var admit: (@Sendable (PeerID) -> Bool)?
-            if refuseUnknown { admit = { candidate in shared.isKnown(candidate) } }
-            let configuration = PeerSessionConfiguration(
-                identity: identity, displayName: displayName, serviceType: serviceType,
-                encryption: Self.preference(encryption) ?? .required,
-                policy: SessionPolicy(automatic: invite == nil),
-                // a Bluetooth page alone may take 5.12 s
-                dialTimeout: links.wantsBluetooth ? .seconds(20) : .seconds(5), admit: admit)
-            node = try ChatNode.make(configuration: configuration, links: links, console: console, logger: logger)
+            let configuration = PeerNodeConfiguration(
+                session: PeerSessionConfiguration(
+                    identity: identity, displayName: displayName, serviceType: serviceType,
+                    encryption: Self.preference(encryption) ?? .required, policy: SessionPolicy(automatic: invite == nil)),
+                transports: choice(logger: logger), ranking: transports.prefer,
+                // Reached at an explicit endpoint, chat runs even where nobody can find it.
+                discoveryRequired: target == nil, knownPeersPath: knownPath, admitOnlyKnownPeers: refuseUnknown)
+            node = try PeerNode(configuration: configuration, logger: logger)
         } catch {
             throw fail(error)
         }
         let session = node.session
         console.status("Chatting as \(displayName) (id \(session.localPeer.fingerprint.grouped)) on \(serviceType.dnsSDType)\(invite.map { ", inviting \($0)" } ?? ", joining every peer found"). /peers lists peers, /quit leaves.")
+        console.status(TransportWording.summary(node))
         if refuseUnknown {
-            let count = known.withLock { $0.entries.count }
+            let count = node.knownPeers.entries.count
             console.status("Admitting only the \(count) known peer\(count == 1 ? "" : "s") in \(knownPath); others are refused.")
         }
 
@@ -133,55 +186,16 @@ struct Chat: AsyncParsableCommand {
                 await node.run()
                 return nil
             }
-            // Events: joins, leaves, messages, invitations.
+            // Everything that happens, printed in one place.
             group.addTask {
-                var present: Set<PeerID> = []
-                for await event in session.events {
-                    switch event {
-                    case .peerStateChanged(let id, .connected, _):
-                        guard present.insert(id).inserted else { break }
-                        let (verdict, snapshot) = known.withLock { known in
-                            (known.meet(id, at: Date().timeIntervalSince1970), known)
-                        }
-                        try? KnownPeersStore.save(snapshot, at: knownPath)
-                        let code = await session.info(for: id)?.verificationCode
-                        console.event("* \(id.displayName) joined")
-                        switch verdict {
-                        case .known:
-                            break
-                        case .new:
-                            console.status("  new peer \(id.displayName): id \(id.fingerprint.grouped)\(code.map { ", verification code \($0)" } ?? "")")
-                        case .nameConflict(let others):
-                            console.warning("WARNING: \(id.displayName) arrived with a key you have not seen before (id \(id.fingerprint.grouped)); the \(id.displayName) you met earlier had id \(others.map(\.grouped).joined(separator: ", ")). It may be another device, or somebody else: compare the verification code \(code ?? "?") with them before you trust it.")
-                        }
-                    case .peerStateChanged(let id, _, _):
-                        // Leaving `connected` is leaving the chat, whether or not a reconnection follows.
-                        if present.remove(id) != nil { console.event("* \(id.displayName) left") }
-                    case .message(let from, let data, _):
-                        console.event("\(from.displayName): \(ChatConsole.printable(data))")
-                    case .invitationReceived(let invitation, let from, _):
-                        if acceptEverything {
-                            try? await session.respond(to: invitation, accept: true)
-                        } else if console.interactive {
-                            let yes = await console.ask("\(from.displayName) (id \(from.fingerprint.grouped)) invites you to chat. Accept? [y/N]")
-                            try? await session.respond(to: invitation, accept: yes)
-                        } else {
-                            console.status("declined an invitation from \(from.displayName): pass --accept-all to accept invitations when not on a terminal")
-                            try? await session.respond(to: invitation, accept: false)
-                        }
-                    case .invitationResult(_, let peer, let result):
-                        if case .accepted = result { break }
-                        console.status("\(peer.displayName) did not join: \(result)")
-                    case .linkFailed(_, let reason):
-                        console.warning("peerlink: \(reason)")
-                    }
-                }
+                let printer = ChatEvents(console: console, session: session, acceptAll: acceptEverything)
+                for await event in node.events { await printer.show(event) }
                 return nil
             }
-            // --invite NAME: watch the LAN for that name and invite it once found.
+            // --invite NAME: invite every peer of that name found, on any transport.
             if let inviteName {
                 group.addTask {
-                    await Self.inviteWhenFound(inviteName, session: session, serviceType: serviceType, console: console)
+                    await node.invitePeers(named: inviteName)
                     return nil
                 }
             }
@@ -191,32 +205,46 @@ struct Chat: AsyncParsableCommand {
                 return nil
             }
             // --connect ENDPOINT: reach that peer, whoever it is.
-            if let endpoint = links.endpoint {
-                group.addTask { await ChatNode.connect(endpoint, session: session, console: console) }
+            if let target {
+                group.addTask { await Self.connect(target, node: node, console: console) }
             }
             // Input: lines to send, commands.
             group.addTask {
-                await Self.readInput(session: session, console: console, waitLimit: waitLimit, files: files)
+                await Self.readInput(node: node, console: console, waitLimit: waitLimit, files: files)
             }
             return await group.firstStatus(thenLeave: session)
         }
         if outcome != 0 { throw ExitCode(outcome) }
     }
 
+    /// `--connect`: connects to the endpoint once the node runs; returns an exit status when
+    /// that failed (nil: connected).
+    static func connect(_ endpoint: Endpoint, node: PeerNode, console: ChatConsole) async -> Int32? {
+        do {
+            let peer = try await node.connect(to: endpoint)
+            console.status("connected to \(peer.displayName) (id \(peer.fingerprint.grouped)) at \(endpoint)")
+            return nil
+        } catch let error as PeerLinkError {
+            console.warning("peerlink: cannot connect to \(endpoint): \(error.message)")
+            return error.code == .invalidParameter ? ExitStatus.usage : ExitStatus.code(for: error)
+        } catch {
+            console.warning("peerlink: cannot connect to \(endpoint): \(error)")
+            return ExitStatus.failure
+        }
+    }
+
     /// Reads lines until /quit or end of input; returns the exit status.
-    static func readInput(session: PeerSession, console: ChatConsole, waitLimit: Duration, files: ChatFiles) async -> Int32 {
+    static func readInput(node: PeerNode, console: ChatConsole, waitLimit: Duration, files: ChatFiles) async -> Int32 {
+        let session = node.session
         var pending: [String] = []
         for await line in console.lines() {
             switch line.trimmingCharacters(in: .whitespaces) {
             case "/quit":
                 return 0
             case "/peers":
-                let peers = await session.connectedPeers()
-                if peers.isEmpty { console.status("nobody connected yet") }
-                for id in peers.sorted(by: { $0.displayName < $1.displayName }) {
-                    let info = await session.info(for: id)
-                    console.status("  \(id.displayName)  \(id.fingerprint.grouped)  \(info.map { "\($0.transport) \($0.remote)  \($0.encrypted ? "encrypted" : "NOT encrypted")  code \($0.verificationCode)" } ?? "")")
-                }
+                let statuses = await node.connectedPeerStatuses()
+                if statuses.isEmpty { console.status("nobody connected yet") }
+                for status in statuses { console.status(ChatEvents.peerLine(status)) }
                 continue
             case let command where command.hasPrefix("/send "):
                 files.send(path: String(command.dropFirst(6)).trimmingCharacters(in: .whitespaces), session: session, console: console)
@@ -267,21 +295,105 @@ struct Chat: AsyncParsableCommand {
             }
         }
     }
+}
 
-    static func inviteWhenFound(_ name: String, session: PeerSession, serviceType: ServiceType, console: ChatConsole) async {
-        let browser = LANBrowser(serviceType: serviceType, excluding: [session.localPeer.fingerprint])
-        guard let events = try? browser.events() else { return }
-        var invited: Set<PeerID> = []
-        for await event in events {
-            guard case .found(let found) = event, found.id.displayName == name, !invited.contains(found.id) else { continue }
-            invited.insert(found.id)
-            do {
-                _ = try await session.invite(found.id)
-                console.status("invited \(name) (id \(found.id.fingerprint.grouped))")
-            } catch let error as PeerLinkError {
-                console.warning("peerlink: cannot invite \(name): \(error.message)")
-            } catch {
-                console.warning("peerlink: cannot invite \(name): \(error)")
+/// What chat shows of a node's events — every line about peers, transports and invitations is
+/// worded here — and its answers to invitations.
+///
+/// In a script, standard output holds only messages (`NAME: TEXT`) and joins and leaves
+/// (`* NAME joined`, `* NAME left`); the rest goes to standard error.
+final class ChatEvents: @unchecked Sendable {
+    let console: ChatConsole
+    let session: PeerSession
+    let acceptAll: Bool
+    /// Peers shown as joined (and not since as left).
+    private var present: Set<PeerID> = []
+    private let told = ToldProblems()
+
+    init(console: ChatConsole, session: PeerSession, acceptAll: Bool) {
+        self.console = console
+        self.session = session
+        self.acceptAll = acceptAll
+    }
+
+    /// `/peers`: `  NAME  ID  KIND REMOTE  encrypted  code 123 456  reachable on tcp, l2cap, rfcomm`:
+    /// the link in use first, then every transport the peer is reachable on, best first.
+    static func peerLine(_ status: NodePeerStatus) -> String {
+        let id = status.peer
+        let link = status.link.map { "\($0.transport) \($0.remote)  \($0.encrypted ? "encrypted" : "NOT encrypted")  code \($0.verificationCode)" } ?? ""
+        let reachable = status.transports.map(\.rawValue).joined(separator: ", ")
+        return "  \(id.displayName)  \(id.fingerprint.grouped)  \(link)  reachable on \(reachable.isEmpty ? "-" : reachable)"
+    }
+
+    /// Shows one event (called for each, in order, from one task).
+    func show(_ event: PeerNodeEvent) async {
+        switch event {
+        case .session(let event):
+            await show(event)
+        case .met(let id, let verdict, let code):
+            switch verdict {
+            case .known:
+                break
+            case .new:
+                console.status("  new peer \(id.displayName): id \(id.fingerprint.grouped)\(code.map { ", verification code \($0)" } ?? "")")
+            case .nameConflict(let others):
+                console.warning("WARNING: \(id.displayName) arrived with a key you have not seen before (id \(id.fingerprint.grouped)); the \(id.displayName) you met earlier had id \(others.map(\.grouped).joined(separator: ", ")). It may be another device, or somebody else: compare the verification code \(code ?? "?") with them before you trust it.")
+            }
+        case .transport(let notice):
+            show(notice)
+        case .invitedByName(let peer, .success):
+            console.status("invited \(peer.displayName) (id \(peer.fingerprint.grouped))")
+        case .invitedByName(let peer, .failure(let error)):
+            console.warning("peerlink: cannot invite \(peer.displayName): \(error.message)")
+        case .discovery:
+            break
+        }
+    }
+
+    private func show(_ event: PeerSessionEvent) async {
+        switch event {
+        case .peerStateChanged(let id, .connected, _):
+            if present.insert(id).inserted { console.event("* \(id.displayName) joined") }
+        case .peerStateChanged(let id, _, _):
+            // Leaving `connected` is leaving the chat, whether or not a reconnection follows.
+            if present.remove(id) != nil { console.event("* \(id.displayName) left") }
+        case .message(let from, let data, _):
+            console.event("\(from.displayName): \(ChatConsole.printable(data))")
+        case .invitationReceived(let invitation, let from, _):
+            if acceptAll {
+                try? await session.respond(to: invitation, accept: true)
+            } else if console.interactive {
+                let yes = await console.ask("\(from.displayName) (id \(from.fingerprint.grouped)) invites you to chat. Accept? [y/N]")
+                try? await session.respond(to: invitation, accept: yes)
+            } else {
+                console.status("declined an invitation from \(from.displayName): pass --accept-all to accept invitations when not on a terminal")
+                try? await session.respond(to: invitation, accept: false)
+            }
+        case .invitationResult(_, let peer, let result):
+            if case .accepted = result { break }
+            console.status("\(peer.displayName) did not join: \(result)")
+        case .linkFailed(_, let reason):
+            console.warning("peerlink: \(reason)")
+        }
+    }
+
+    private func show(_ notice: TransportNotice) {
+        switch notice.what {
+        case .listening(let place, let endpoints):
+            console.status(TransportWording.listening(place: place, endpoints: endpoints))
+        case .advertising(let summary):
+            console.status("Advertising \(summary); scanning for peers")
+        case .advertisement(.renamed(let from, let to)):
+            console.status("\(notice.label): the name \"\(from)\" is taken; advertising as \"\(to)\"")
+        case .advertisement(.daemonUnavailable(let daemon)):
+            console.warning("peerlink: \(daemon) went away; advertising again once it is back")
+        case .advertisement(.failed(let error)):
+            console.warning("peerlink: \(notice.label): advertising failed: \(error.message)")
+        case .advertisement(.published), .browsing:
+            break
+        case .unavailable:
+            if let line = TransportWording.problem(notice), told.first(line, module: notice.module) {
+                console.warning("peerlink: \(line)")
             }
         }
     }
@@ -349,23 +461,5 @@ final class ChatConsole: @unchecked Sendable {
         String(decoding: data, as: UTF8.self).unicodeScalars.map { scalar in
             scalar.properties.generalCategory == .control && scalar != "\t" ? "?" : String(scalar)
         }.joined()
-    }
-}
-
-/// The known peers, shared by the event loop (which remembers every peer met) and the admission
-/// check of --refuse-unknown.
-final class SharedKnownPeers: Sendable {
-    private let peers: Mutex<KnownPeers>
-
-    init(_ peers: KnownPeers) {
-        self.peers = Mutex(peers)
-    }
-
-    func withLock<R: Sendable>(_ body: (inout KnownPeers) -> R) -> R {
-        peers.withLock { body(&$0) }
-    }
-
-    func isKnown(_ peer: PeerID) -> Bool {
-        peers.withLock { $0.isKnown(peer.fingerprint) }
     }
 }

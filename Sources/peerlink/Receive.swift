@@ -18,7 +18,8 @@ struct Receive: AsyncParsableCommand {
             A damaged file is removed. A transfer that stops early keeps what arrived; when the \
             same sender offers the same file again, it resumes from there.
 
-            Runs until SIGINT or SIGTERM, or until --count files were received.
+            Runs until SIGINT or SIGTERM, or until --count files were received. Peers are found and \
+            joined on every transport (--transport, default auto: the LAN and Bluetooth).
             """)
 
     @Option(parsing: .unconditional, help: "The display name others see: 1 to 63 bytes of UTF-8 (default: this host's name).")
@@ -38,6 +39,8 @@ struct Receive: AsyncParsableCommand {
 
     @OptionGroup var peer: PeerOptions
 
+    @OptionGroup var transports: TransportOptions
+
     func validate() throws {
         do {
             _ = try DisplayName(name)
@@ -53,17 +56,20 @@ struct Receive: AsyncParsableCommand {
 
     func run() async throws {
         let logger = peer.makeLogger("peerlink.receive")
-        let node: LANPeer
+        let node: PeerNode
         let displayName = try DisplayName(name)
         let serviceType = try ServiceType(service)
         do {
-            let configuration = PeerSessionConfiguration(
-                identity: try peer.loadIdentity(), displayName: displayName, serviceType: serviceType,
-                policy: SessionPolicy(automatic: true))
-            node = try LANPeer(configuration: configuration, logger: logger)
+            let configuration = PeerNodeConfiguration(
+                session: PeerSessionConfiguration(
+                    identity: try peer.loadIdentity(), displayName: displayName, serviceType: serviceType,
+                    policy: SessionPolicy(automatic: true)),
+                transports: transports.transport, ranking: transports.prefer)
+            node = try PeerNode(configuration: configuration, logger: logger)
         } catch {
             throw fail(error)
         }
+        for line in node.notices.compactMap(TransportWording.problem) { printError("peerlink: \(line)") }
         let session = node.session
         let receiver = FileReceiver(directory: dir)
         let console = ChatConsole(interactive: isatty(0) == 1 && isatty(1) == 1)
@@ -80,12 +86,12 @@ struct Receive: AsyncParsableCommand {
                 return nil
             }
             group.addTask {
-                for await event in session.events {
+                for await event in node.events {
                     switch event {
-                    case .peerStateChanged(let id, .connected, _): console.status("* \(id.displayName) joined")
-                    case .peerStateChanged(let id, .notConnected, _): console.status("* \(id.displayName) left")
-                    case .invitationReceived(let invitation, _, _): try? await session.respond(to: invitation, accept: true)
-                    case .linkFailed(_, let reason): console.warning("peerlink: \(reason)")
+                    case .session(.peerStateChanged(let id, .connected, _)): console.status("* \(id.displayName) joined")
+                    case .session(.peerStateChanged(let id, .notConnected, _)): console.status("* \(id.displayName) left")
+                    case .session(.invitationReceived(let invitation, _, _)): try? await session.respond(to: invitation, accept: true)
+                    case .session(.linkFailed(_, let reason)): console.warning("peerlink: \(reason)")
                     default: break
                     }
                 }

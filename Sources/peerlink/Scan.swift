@@ -1,11 +1,18 @@
 import ArgumentParser
 import Foundation
+import Logging
 import PeerLink
+import Synchronization
 
 struct Scan: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "List the peers found nearby within a time limit.",
-        discussion: "With neither --lan nor --bluetooth (nor --transport), scans the LAN and Bluetooth; a transport that is unavailable is one line on standard error, the other's results are still shown.")
+        discussion: """
+            With neither --lan nor --bluetooth (nor --transport), scans with every transport: the LAN \
+            and Bluetooth; a transport that is unavailable is one line on standard error, the others' \
+            results are still shown. A peer found on several transports is one peer with every \
+            endpoint, best first (see --prefer); --json lists its transports and the preferred one.
+            """)
 
     @Flag(help: "Scan the LAN (DNS-SD through avahi-daemon).")
     var lan = false
@@ -13,8 +20,13 @@ struct Scan: AsyncParsableCommand {
     @Flag(help: "Scan for Bluetooth devices (bluetoothd discovery, else HCI inquiry) and their PeerLink SDP records.")
     var bluetooth = false
 
-    @Option(help: "Which transports to scan: lan, bluetooth or auto (both). The same as --lan, --bluetooth or neither.")
-    var transport: String?
+    @Option(help: ArgumentHelp(
+        "Which transports to scan: auto (every one), lan, bluetooth, or several: lan,bluetooth. The same as --lan, --bluetooth or neither.",
+        valueName: "auto|lan|bluetooth"))
+    var transport: TransportChoice?
+
+    @Option(help: ArgumentHelp("The kinds of link to prefer, best first: the order endpoints are listed in.", valueName: "kinds"))
+    var prefer: TransportRanking = .standard
 
     @Option(help: "The Bluetooth adapter to scan with (hciN; default: the first powered one).")
     var adapter: String?
@@ -40,55 +52,71 @@ struct Scan: AsyncParsableCommand {
         } catch {
             throw error.usageError
         }
-        if let transport, TransportSelection(rawValue: transport) == nil {
-            throw ArgumentParser.ValidationError("--transport must be lan, bluetooth or auto")
-        }
         if transport != nil && (lan || bluetooth) {
             throw ArgumentParser.ValidationError("use --transport or --lan/--bluetooth, not both")
         }
-        if let adapter, !(adapter.hasPrefix("hci") && adapter.count > 3 && adapter.dropFirst(3).allSatisfy(\.isNumber)) {
-            throw ArgumentParser.ValidationError("--adapter must name an adapter as hciN (e.g. hci0); 'peerlink radios' lists them")
-        }
+        try validateAdapter(adapter)
         guard timeout > 0, timeout <= 3600 else {
             throw ArgumentParser.ValidationError("--timeout must be more than 0 and at most 3600 seconds")
         }
     }
 
+    /// One peer as `--json` prints it.
     struct PeerJSON: Encodable {
         struct EndpointJSON: Encodable {
             var transport: String
-            var host: String?
-            var port: UInt16?
-            var name: String?
-            var address: String?
-            var channel: UInt8?
-            var psm: UInt16?
+            var endpoint: String
+            var fields: [String: EndpointField]
+
+            init(_ endpoint: Endpoint) {
+                transport = endpoint.transport
+                self.endpoint = endpoint.description
+                fields = endpoint.address.fields
+            }
+
+            struct Key: CodingKey {
+                var stringValue: String
+                var intValue: Int? { nil }
+                init(stringValue: String) { self.stringValue = stringValue }
+                init?(intValue: Int) { nil }
+            }
+
+            /// `{"transport":"tcp","endpoint":"tcp://…","host":…,"port":…}`: the transport's own
+            /// fields beside the kind and the text.
+            func encode(to encoder: any Encoder) throws {
+                var container = encoder.container(keyedBy: Key.self)
+                try container.encode(transport, forKey: Key(stringValue: "transport"))
+                try container.encode(endpoint, forKey: Key(stringValue: "endpoint"))
+                for (name, value) in fields where name != "transport" && name != "endpoint" {
+                    switch value {
+                    case .text(let text): try container.encode(text, forKey: Key(stringValue: name))
+                    case .number(let number): try container.encode(number, forKey: Key(stringValue: name))
+                    }
+                }
+            }
         }
         var name: String
         var id: String
         var endpoints: [EndpointJSON]
+        /// Every transport the peer was found on, best first.
+        var transports: [String]
+        /// The transport a session would use first.
+        var preferred: String?
         var info: [String: String]
 
         init(_ peer: DiscoveredPeer) {
             name = peer.id.displayName
             id = peer.id.fingerprint.value
-            endpoints = peer.endpoints.map { endpoint in
-                switch endpoint {
-                case .tcp(let host, let port): return EndpointJSON(transport: "tcp", host: host, port: port)
-                case .rfcomm(let address, let channel):
-                    return EndpointJSON(transport: "rfcomm", address: address.description, channel: channel.value)
-                case .l2cap(let address, let psm):
-                    return EndpointJSON(transport: "l2cap", address: address.description, psm: psm.value)
-                case .memory(let name): return EndpointJSON(transport: "memory", name: name)
-                }
-            }
+            endpoints = peer.endpoints.map(EndpointJSON.init)
+            transports = peer.transports.map(\.rawValue)
+            preferred = transports.first
             info = peer.info.entries
         }
     }
 
     /// What to scan, from --transport or the flags.
-    var selection: TransportSelection {
-        if let transport, let selection = TransportSelection(rawValue: transport) { return selection }
+    var choice: TransportChoice {
+        if let transport { return transport }
         if lan && !bluetooth { return .lan }
         if bluetooth && !lan { return .bluetooth }
         return .auto
@@ -96,89 +124,72 @@ struct Scan: AsyncParsableCommand {
 
     func run() async throws {
         PeerLinkLogging.bootstrap(verbose: verbose)
-        let selection = selection
+        let logger = Logger(label: "peerlink.scan")
         let serviceType = try ServiceType(service)
         let duration = Duration.milliseconds(Int(timeout * 1000))
+        let modules = choice.configuring(bluetoothModule(adapter: adapter, channel: nil, psm: nil, logger: logger)).modules(logger: logger)
+        let discovery = PeerDiscovery(
+            modules: modules, request: BrowseRequest(serviceType: serviceType, scanWindow: duration), ranking: prefer, logger: logger)
         let watching = watch
         let jsonLines = json
-        let merged = MergedPeers(selection: selection, watching: watching, json: jsonLines)
-
-        var lanEvents: AsyncStream<DiscoveryEvent>?
-        var problems: [PeerLinkError] = []
-        if selection.usesLAN {
-            do {
-                lanEvents = try LANBrowser(serviceType: serviceType).events()
-            } catch {
-                problems.append(error)
-                if selection == .auto { printError("peerlink: LAN skipped: \(error.message)") }
-            }
-        }
+        let several = modules.count > 1
         if !json {
-            let what = [selection.usesLAN && lanEvents != nil ? "the LAN for \(serviceType.dnsSDType)" : nil, selection.usesBluetooth ? "Bluetooth" : nil]
-                .compactMap { $0 }.joined(separator: " and ")
-            printError("Scanning \(what) for \(Self.seconds(timeout))...")
+            let what = modules.map(\.label).joined(separator: " and ")
+            printError("Scanning \(what) for \(serviceType.dnsSDType) peers for \(Self.seconds(timeout))...")
         }
-        let lanStream = lanEvents
-        let lanTask = Task {
-            guard let lanStream else { return }
-            for await event in lanStream { merged.apply(event, from: "lan") }
-        }
-        var bluetoothEntries: [BluetoothScanEntry] = []
-        var bluetoothMethod: BluetoothScanner.Method?
-        if selection.usesBluetooth {
-            do {
-                let result = try await BluetoothScanner.scanForPeers(serviceType: serviceType, adapter: adapter, duration: duration)
-                bluetoothEntries = result.entries
-                bluetoothMethod = result.method
-                for peer in result.entries.flatMap(\.peers) { merged.apply(.found(peer), from: "bluetooth") }
-            } catch {
-                problems.append(error)
-                if selection == .auto { printError("peerlink: Bluetooth skipped: \(error.message)") }
+        let progress = ScanProgress(total: modules.count)
+        let browse = Task {
+            await discovery.run { event in
+                switch event {
+                case .peer(let change):
+                    if watching { Self.printWatched(change, json: jsonLines) }
+                case .browsing:
+                    progress.settled(nil)
+                case .unavailable(_, let label, let error):
+                    progress.settled(error)
+                    if several { printError("peerlink: \(label) skipped: \(error.message)") }
+                }
             }
         }
-        // Asked for one transport alone, or both failed: that is the answer.
-        if problems.count == (selection == .auto ? 2 : 1), let problem = problems.last {
-            lanTask.cancel()
-            throw fail(problem)
+        // Scan for the whole time, and until every browser started (a Bluetooth round ends
+        // after its inquiry and SDP searches) or failed, within a bound.
+        let start = ContinuousClock.now
+        while ContinuousClock.now < start + duration + .seconds(60) {
+            let (settled, failures) = progress.state
+            if failures.count == modules.count { break }
+            if settled == modules.count && ContinuousClock.now >= start + duration { break }
+            try? await Task.sleep(for: .milliseconds(50))
         }
-        if lanEvents != nil {
-            // The LAN browse runs for the whole timeout (the Bluetooth scan took about as long).
-            if !selection.usesBluetooth || bluetoothMethod == nil { try? await Task.sleep(for: duration) }
-        }
-        lanTask.cancel()
-        let peers = merged.peers.sorted {
-            ($0.id.displayName, $0.id.fingerprint) < ($1.id.displayName, $1.id.fingerprint)
+        browse.cancel()
+        await browse.value
+        // Every transport failed: that is the answer.
+        let failures = progress.state.failures
+        if failures.count == modules.count, let last = failures.last {
+            throw fail(several ? PeerLinkError(last.code, "no transport can scan here: see the lines above") : last)
         }
         if watch { return }
+        let peers = discovery.peers.sorted {
+            ($0.id.displayName, $0.id.fingerprint) < ($1.id.displayName, $1.id.fingerprint)
+        }
         if json {
-            let objects = peers.map(PeerJSON.init)
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-            printLine(String(decoding: try encoder.encode(objects), as: UTF8.self))
+            printLine(String(decoding: try encoder.encode(peers.map(PeerJSON.init)), as: UTF8.self))
             return
         }
-        if let bluetoothMethod {
-            Self.printDevices(bluetoothEntries, method: bluetoothMethod)
-        }
+        for report in discovery.scanReports() { Self.printReport(report) }
         if peers.isEmpty {
             printLine("No peers found.")
             return
         }
         let rows = peers.map { peer in
             [
-                peer.id.displayName, peer.id.fingerprint.grouped,
+                peer.id.displayName, peer.id.fingerprint.grouped, peer.transports.map(\.rawValue).joined(separator: ","),
                 peer.endpoints.map(\.description).joined(separator: " "),
                 peer.info.entries.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "),
             ]
         }
-        let header = ["NAME", "ID", "ENDPOINTS", "INFO"]
-        let widths = (0..<4).map { column in ([header] + rows).map { $0[column].count }.max() ?? 0 }
-        for row in [header] + rows {
-            let cells = row.enumerated().map { index, cell in
-                index == 3 ? cell : cell.padding(toLength: widths[index], withPad: " ", startingAt: 0)
-            }
-            printLine(cells.joined(separator: "  ").trimmingTrailingSpaces())
-        }
+        Self.printTable(header: ["NAME", "ID", "TRANSPORTS", "ENDPOINTS", "INFO"], rows: rows, indent: "")
         printLine("\(peers.count) peer\(peers.count == 1 ? "" : "s") found.")
     }
 
@@ -212,27 +223,21 @@ struct Scan: AsyncParsableCommand {
         }
     }
 
-    /// The Bluetooth devices seen, PeerLink peers marked with their name and id.
-    static func printDevices(_ entries: [BluetoothScanEntry], method: BluetoothScanner.Method) {
-        printLine("Bluetooth devices (\(method == .bluetoothd ? "bluetoothd discovery" : "HCI inquiry")): \(entries.count)")
-        let rows = entries.map { entry -> [String] in
-            let device = entry.device
-            let peerLink = entry.peers.isEmpty ? nil : entry.peers.map { "PeerLink \($0.id.displayName) \($0.id.fingerprint.grouped) \($0.endpoints.map(\.description).joined(separator: " "))" }.joined(separator: "; ")
-            return [
-                device.address.description, device.name ?? "-",
-                device.deviceClass.map { "0x" + String($0, radix: 16) } ?? "-",
-                device.rssi.map { "\($0) dBm" } ?? "-",
-                peerLink ?? (entry.sdpProblem.map { "(SDP: \($0))" } ?? ""),
-            ]
-        }
-        guard !rows.isEmpty else { return }
-        let header = ["ADDRESS", "NAME", "CLASS", "RSSI", "PEERLINK"]
-        let widths = (0..<5).map { column in ([header] + rows).map { $0[column].count }.max() ?? 0 }
+    /// A transport's own table (Bluetooth: every device seen, PeerLink peers marked).
+    static func printReport(_ report: TransportScanReport) {
+        printLine(report.title)
+        guard !report.rows.isEmpty else { return }
+        printTable(header: report.columns, rows: report.rows, indent: "  ")
+    }
+
+    /// Columns padded to their widest cell, the last one not.
+    static func printTable(header: [String], rows: [[String]], indent: String) {
+        let widths = header.indices.map { column in ([header] + rows).map { column < $0.count ? $0[column].count : 0 }.max() ?? 0 }
         for row in [header] + rows {
             let cells = row.enumerated().map { index, cell in
-                index == 4 ? cell : cell.padding(toLength: widths[index], withPad: " ", startingAt: 0)
+                index == row.count - 1 ? cell : cell.padding(toLength: widths[index], withPad: " ", startingAt: 0)
             }
-            printLine("  " + cells.joined(separator: "  ").trimmingTrailingSpaces())
+            printLine(indent + cells.joined(separator: "  ").trimmingTrailingSpaces())
         }
     }
 
@@ -249,23 +254,21 @@ extension String {
     }
 }
 
-/// The scan's merged view of both transports, fed from the LAN task and the Bluetooth scan.
-final class MergedPeers: @unchecked Sendable {
-    private let lock = NSLock()
-    private var discovery: MergedDiscovery
-    private let watching: Bool
-    private let json: Bool
+/// Which browsers of a scan have started or failed.
+final class ScanProgress: Sendable {
+    private let counts = Mutex<(settled: Int, failures: [PeerLinkError])>((0, []))
+    let total: Int
 
-    init(selection: TransportSelection, watching: Bool, json: Bool) {
-        discovery = MergedDiscovery(selection: selection)
-        self.watching = watching
-        self.json = json
+    init(total: Int) {
+        self.total = total
     }
 
-    func apply(_ event: DiscoveryEvent, from source: String) {
-        let events = lock.withLock { discovery.apply(event, from: source) }
-        if watching { for event in events { Scan.printWatched(event, json: json) } }
+    func settled(_ failure: PeerLinkError?) {
+        counts.withLock { counts in
+            counts.settled += 1
+            if let failure { counts.failures.append(failure) }
+        }
     }
 
-    var peers: [DiscoveredPeer] { lock.withLock { discovery.peers } }
+    var state: (settled: Int, failures: [PeerLinkError]) { counts.withLock { $0 } }
 }

@@ -15,7 +15,10 @@ struct Send: AsyncParsableCommand {
 
             Exit status: 0 when the receiver verified every file; 1 when a file was declined, \
             cancelled, damaged or not delivered; 64 for a bad argument or unreadable file; 69 when \
-            avahi-daemon is not running.
+            no transport can run (avahi-daemon not running, no Bluetooth).
+
+            The peer is looked for on every transport (--transport, default auto: the LAN and \
+            Bluetooth) and reached on the best one it is found on (--prefer).
             """)
 
     @Argument(help: "The files to send.")
@@ -34,6 +37,8 @@ struct Send: AsyncParsableCommand {
     var timeout: Double = 30
 
     @OptionGroup var peer: PeerOptions
+
+    @OptionGroup var transports: TransportOptions
 
     func validate() throws {
         do {
@@ -61,17 +66,20 @@ struct Send: AsyncParsableCommand {
                 throw ExitCode(ExitStatus.usage)
             }
         }
-        let node: LANPeer
+        let node: PeerNode
         let displayName = try DisplayName(name)
         let serviceType = try ServiceType(service)
         do {
-            let configuration = PeerSessionConfiguration(
-                identity: try peer.loadIdentity(), displayName: displayName, serviceType: serviceType,
-                policy: SessionPolicy(automatic: true))
-            node = try LANPeer(configuration: configuration, logger: logger)
+            let configuration = PeerNodeConfiguration(
+                session: PeerSessionConfiguration(
+                    identity: try peer.loadIdentity(), displayName: displayName, serviceType: serviceType,
+                    policy: SessionPolicy(automatic: true)),
+                transports: transports.transport, ranking: transports.prefer)
+            node = try PeerNode(configuration: configuration, logger: logger)
         } catch {
             throw fail(error)
         }
+        for line in node.notices.compactMap(TransportWording.problem) { printError("peerlink: \(line)") }
         let session = node.session
         let prepared = outgoing
         let target = to
@@ -84,13 +92,13 @@ struct Send: AsyncParsableCommand {
             }
             let found = PeerWaiter()
             group.addTask {
-                for await event in session.events {
+                for await event in node.events {
                     switch event {
-                    case .peerStateChanged(let id, .connected, _) where id.displayName == target:
+                    case .session(.peerStateChanged(let id, .connected, _)) where id.displayName == target:
                         found.connected(id)
-                    case .invitationReceived(let invitation, let from, _):
+                    case .session(.invitationReceived(let invitation, let from, _)):
                         try? await session.respond(to: invitation, accept: from.displayName == target)
-                    case .linkFailed(_, let reason):
+                    case .session(.linkFailed(_, let reason)):
                         printError("peerlink: \(reason)")
                     default:
                         break

@@ -1,7 +1,7 @@
 import PeerLinkCore
 import Testing
 
-@Suite("Bluetooth addresses, channels, PSMs and endpoints")
+@Suite("Bluetooth addresses, channels and PSMs")
 struct BluetoothValueTests {
     @Test("addresses parse in either case and print upper case, most significant byte first")
     func addresses() throws {
@@ -42,44 +42,5 @@ struct BluetoothValueTests {
         #expect(L2CAPPSM("0X0003")?.description == "0x0003")
         #expect(L2CAPPSM("0x1000") == nil)
         #expect(L2CAPPSM("banana") == nil)
-    }
-
-    @Test("endpoints print and parse back", arguments: [
-        "tcp://127.0.0.1:4000", "tcp://[::1]:4000", "tcp://[fe80::1%eth0]:9",
-        "bt://00:AA:01:00:00:00/rfcomm/5", "bt://00:AA:01:01:00:01/l2cap/0x1001",
-    ])
-    func endpointRoundTrip(text: String) throws {
-        let endpoint = try Endpoint(parsing: text)
-        #expect(endpoint.description == text)
-        #expect(endpoint.isBluetooth == text.hasPrefix("bt://"))
-    }
-
-    @Test("lower-case addresses and decimal PSMs are accepted")
-    func endpointLenient() throws {
-        #expect(try Endpoint(parsing: "bt://00:aa:01:00:00:00/l2cap/4097") == .l2cap(address: BluetoothAddress("00:AA:01:00:00:00")!, psm: L2CAPPSM(0x1001)!))
-        #expect(try Endpoint(parsing: "bt://00:aa:01:00:00:00/RFCOMM/30").transport == "rfcomm")
-    }
-
-    @Test("bad endpoints name what is wrong", arguments: [
-        ("bt://00:AA:01:00:00/rfcomm/5", "not a Bluetooth address"),
-        ("bt://00:AA:01:00:00:00/rfcomm/31", "not an RFCOMM channel"),
-        ("bt://00:AA:01:00:00:00/l2cap/0x1000", "not an L2CAP PSM"),
-        ("bt://00:AA:01:00:00:00/sco/1", "not rfcomm or l2cap"),
-        ("bt://00:AA:01:00:00:00/rfcomm", "has an address, a protocol"),
-        ("tcp://127.0.0.1", "port is missing"),
-        ("tcp://127.0.0.1:0", "not a port"),
-        ("tcp://:80", "host is missing"),
-        ("tcp://[::1:80", "in brackets"),
-        ("udp://1.2.3.4:5", "unknown scheme"),
-    ])
-    func badEndpoints(text: String, why: String) {
-        #expect(throws: PeerLinkError.self) { try Endpoint(parsing: text) }
-        do {
-            _ = try Endpoint(parsing: text)
-        } catch {
-            #expect(error.code == .invalidParameter)
-            #expect(error.message.contains(why), "\(error.message)")
-            #expect(error.message.contains("bt://AA:BB:CC:DD:EE:FF/l2cap/PSM"))
-        }
     }
 }

@@ -34,13 +34,21 @@ struct MergedDiscoveryTests {
         #expect(merged.apply(.lost(Self.peer([]).id), from: "bluetooth") == [])
     }
 
-    @Test func theSelectionFiltersTransports() {
-        var lanOnly = MergedDiscovery(selection: .lan)
+    @Test func theAllowedKindsFilterEndpoints() {
+        var lanOnly = MergedDiscovery(allowing: ["tcp"])
         #expect(lanOnly.apply(.found(Self.peer([Self.l2cap])), from: "bluetooth") == [])
         #expect(lanOnly.apply(.found(Self.peer([Self.tcp])), from: "lan") == [.found(Self.peer([Self.tcp]))])
-        var bluetoothOnly = MergedDiscovery(selection: .bluetooth)
+        var bluetoothOnly = MergedDiscovery(allowing: ["l2cap", "rfcomm"])
         #expect(bluetoothOnly.apply(.found(Self.peer([Self.tcp])), from: "lan") == [])
         #expect(bluetoothOnly.apply(.found(Self.peer([Self.rfcomm])), from: "bluetooth") == [.found(Self.peer([Self.rfcomm]))])
+    }
+
+    @Test func anotherRankingOrdersTheMergedEndpoints() {
+        var merged = MergedDiscovery(ranking: TransportRanking(["rfcomm", "l2cap", "tcp"]))
+        _ = merged.apply(.found(Self.peer([Self.tcp])), from: "lan")
+        #expect(merged.apply(.found(Self.peer([Self.l2cap, Self.rfcomm])), from: "bluetooth") == [.updated(Self.peer([Self.rfcomm, Self.l2cap, Self.tcp]))])
+        #expect(merged.sources(of: Self.alice) == ["bluetooth", "lan"])
+        #expect(merged.peers.first?.transports == ["rfcomm", "l2cap", "tcp"])
     }
 
     @Test func nameAndInfoComeFromTheLatestReport() {
@@ -67,8 +75,7 @@ struct MergedDiscoveryTests {
 
     @Test func rankingKeepsOrderWithinAKindAndDropsDuplicates() {
         let other = Endpoint.tcp(host: "10.99.0.12", port: 4000)
-        #expect(TransportSelection.auto.ranked([Self.rfcomm, other, Self.l2cap, Self.tcp, other]) == [other, Self.tcp, Self.l2cap, Self.rfcomm])
-        #expect(TransportSelection.bluetooth.ranked([Self.rfcomm, Self.tcp, Self.l2cap]) == [Self.l2cap, Self.rfcomm])
-        #expect(TransportSelection.lan.ranked([Self.rfcomm, Self.tcp]) == [Self.tcp])
+        #expect(TransportRanking.standard.ranked([Self.rfcomm, other, Self.l2cap, Self.tcp, other]) == [other, Self.tcp, Self.l2cap, Self.rfcomm])
+        #expect(TransportRanking(["l2cap"]).ranked([Self.rfcomm, Self.tcp, Self.l2cap]) == [Self.l2cap, Self.rfcomm, Self.tcp], "kinds not named keep their order, after the named")
     }
 }

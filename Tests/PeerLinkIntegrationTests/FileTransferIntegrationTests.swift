@@ -4,12 +4,12 @@ import PeerLink
 import Synchronization
 import Testing
 
-/// A sender and a receiver, each a LANPeer against the real avahi-daemon on a service of their
-/// own, over loopback TCP. The receiver is advertised at a ``CuttableProxy`` in front of its
+/// A sender and a receiver, each a PeerNode on the LAN against the real avahi-daemon on a service
+/// of their own, over loopback TCP. The receiver is advertised at a ``CuttableProxy`` in front of its
 /// listener, and the sender's identity sorts first, so the sender dials it through the proxy.
 final class FilePair: Sendable {
-    let sender: LANPeer
-    let receiver: LANPeer
+    let sender: PeerNode
+    let receiver: PeerNode
     let proxy: CuttableProxy
     let advertiser: LANAdvertiser
     let directory: String
@@ -22,15 +22,21 @@ final class FilePair: Sendable {
         var identities = [Identity.generate(), Identity.generate()]
         identities.sort { $0.fingerprint < $1.fingerprint }
         let policy = SessionPolicy(automatic: true)
-        sender = try LANPeer(
-            configuration: PeerSessionConfiguration(
-                identity: identities[0], displayName: try DisplayName("sender"), serviceType: service, policy: policy),
-            listenHost: "127.0.0.1")
-        receiver = try LANPeer(
-            configuration: PeerSessionConfiguration(
-                identity: identities[1], displayName: try DisplayName("receiver"), serviceType: service, policy: policy),
-            advertising: false, listenHost: "127.0.0.1")
-        proxy = try CuttableProxy(to: receiver.listener.port)
+        let lan = TransportChoice.modules([LANTransportModule(listenHost: "127.0.0.1")])
+        sender = try PeerNode(
+            configuration: PeerNodeConfiguration(
+                session: PeerSessionConfiguration(
+                    identity: identities[0], displayName: try DisplayName("sender"), serviceType: service, policy: policy),
+                transports: lan))
+        receiver = try PeerNode(
+            configuration: PeerNodeConfiguration(
+                session: PeerSessionConfiguration(
+                    identity: identities[1], displayName: try DisplayName("receiver"), serviceType: service, policy: policy),
+                transports: lan, advertising: false))
+        guard let receiverPort = receiver.session.listeners.flatMap(\.localEndpoints).compactMap(\.tcp).first?.port else {
+            throw HarnessError("the receiver has no TCP listener")
+        }
+        proxy = try CuttableProxy(to: receiverPort)
         advertiser = try LANAdvertiser(
             identity: identities[1], displayName: try DisplayName("receiver"), serviceType: service, port: proxy.port)
         directory = TestHost.temporaryDirectory("peerlink-files")
@@ -38,20 +44,19 @@ final class FilePair: Sendable {
         self.received = received
         let fileReceiver = FileReceiver(directory: directory)
         let receiverSession = receiver.session
-        let senderSession = sender.session
         let connected = self.connected
         tasks = Mutex([
             Task { [sender] in await sender.run() },
             Task { [receiver] in await receiver.run() },
-            Task {
-                for await event in senderSession.events {
+            Task { [sender] in
+                for await case .session(let event) in sender.events {
                     connected.record(event)
                     if case .peerStateChanged(let peer, let state, _) = event {
                         connected.update(peer, state == .connected)
                     }
                 }
             },
-            Task { for await _ in receiverSession.events {} },
+            Task { [receiver] in for await _ in receiver.events {} },
             Task {
                 for await stream in receiverSession.incomingStreams {
                     Task {

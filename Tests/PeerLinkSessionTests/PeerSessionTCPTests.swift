@@ -24,11 +24,11 @@ struct PeerSessionTCPTests {
         let ana = try Self.node("ana", log: log)
         let bo = try Self.node("bo", log: log)
         for node in [ana, bo] {
-            guard case .tcp(let host, let port) = try #require(node.listener.localEndpoints.first) else {
+            guard let tcp = try #require(node.listener.localEndpoints.first).tcp else {
                 Issue.record("a TCP listener with a non-TCP endpoint")
                 return
             }
-            #expect(host == Self.loopback && port != 0)
+            #expect(tcp.host == Self.loopback && tcp.port != 0)
         }
         try await withRunning([ana, bo]) {
             ana.find([bo])

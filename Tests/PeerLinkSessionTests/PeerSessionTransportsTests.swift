@@ -72,7 +72,8 @@ struct PeerSessionTransportsTests {
         defer { anaTCP.close() }
         try await withRunning([ana]) {
             try await Self.waitUntilRunning([ana.session])
-            let endpoint = try Endpoint(parsing: "bt://00:AA:01:00:00:00/l2cap/0x1001")
+            // A kind neither of its transports (memory, tcp) dials.
+            let endpoint = Endpoint.memory(name: "bo", kind: "faraway")
             let error = await #expect(throws: PeerLinkError.self) { _ = try await ana.session.connect(to: endpoint) }
             #expect(error?.code == .unsupported)
             #expect(error?.message.contains("no transport of this session dials") == true, "\(String(describing: error))")

@@ -18,11 +18,13 @@ import Synchronization
 /// advertiser.startAdvertisingPeer()
 /// ```
 ///
-/// It is a thin layer over the async API: the session runs one ``LANPeer`` (a TCP listener,
-/// a browser feeding the session's discovery, and a ``PeerLinkSession/PeerSession``). Because
-/// PeerLink binds every link to a service type, that peer starts when the first
+/// It is a thin layer over the async API: the session runs one ``PeerNode`` on the transports it
+/// was made with — the LAN by default, as MultipeerConnectivity's sessions use the network;
+/// `transports: .bluetooth` or `.auto` for Bluetooth Classic, which works the same way (its
+/// listeners, its browser feeding the session's discovery, and a ``PeerLinkSession/PeerSession``).
+/// Because PeerLink binds every link to a service type, that node starts when the first
 /// ``NearbyServiceAdvertiser`` or ``NearbyServiceBrowser`` of the session's service type uses
-/// the session (an advertiser publishes the session's listener; a browser invites into it), and
+/// the session (an advertiser publishes the session's listeners; a browser invites into it), and
 /// a session serves one service type.
 ///
 /// - Delegate calls arrive on ``delegateQueue``, a serial queue (a private one unless the app
@@ -55,6 +57,9 @@ public final class MultipeerSession: Sendable {
     public let securityIdentity: Identity?
     /// What every link of the session offers: `.required` refuses peers that refuse encryption.
     public let encryptionPreference: EncryptionPreference
+    /// The transports the session's links run on, and its advertisers and browsers use:
+    /// `.lan` (the default), `.bluetooth`, `.auto` (both), or modules of the app's own.
+    public let transports: TransportChoice
     /// Where delegate calls are made, one at a time.
     public let delegateQueue: DispatchQueue
 
@@ -72,11 +77,15 @@ public final class MultipeerSession: Sendable {
     ///     be the one of `peer` (anything else traps).
     ///   - encryptionPreference: `.required` by default, as for an MPC session made from a peer
     ///     alone; `.optional` encrypts unless the other side refuses; `.none` refuses encryption.
+    ///   - transports: where the session's peers are found and linked: `.lan` (the default, TCP
+    ///     found through DNS-SD), `.bluetooth` (RFCOMM and L2CAP found through SDP), `.auto`
+    ///     (both, each peer on its best transport). Advertisers and browsers of the same peer use
+    ///     the same transports.
     ///   - delegateQueue: the serial queue for delegate calls (nil: a private serial queue).
     ///   - logger: where the session and its links log, at info and below.
     public init(
         peer: MultipeerPeerID, securityIdentity: Identity? = nil, encryptionPreference: EncryptionPreference = .required,
-        delegateQueue: DispatchQueue? = nil, logger: Logger = Logger(label: "peerlink.multipeer")
+        transports: TransportChoice = .lan, delegateQueue: DispatchQueue? = nil, logger: Logger = Logger(label: "peerlink.multipeer")
     ) {
         guard let identity = securityIdentity ?? peer.identity else {
             preconditionFailure(
@@ -92,6 +101,7 @@ public final class MultipeerSession: Sendable {
         myPeerID = peer
         self.securityIdentity = securityIdentity
         self.encryptionPreference = encryptionPreference
+        self.transports = transports
         self.delegateQueue = delegateQueue ?? DispatchQueue(label: "peerlink.multipeer.session")
         self.identity = identity
         self.displayName = displayName
@@ -281,7 +291,7 @@ public final class MultipeerSession: Sendable {
             invitationNotSent(peer.peerID, reason: error.message)
             return
         }
-        if let found { generation.peer.session.discovered(.found(found)) }
+        if let found { generation.peer.session.discovered(DiscoveryEvent.found(found)) }
         let number = generation.number
         askAboutPeer(peer) { accepted in
             self.state.withLock { state in
@@ -351,12 +361,14 @@ public final class MultipeerSession: Sendable {
         return generation
     }
 
-    /// Starts a ``LANPeer`` (not advertised) and the task that runs it, carries out the
+    /// Starts a ``PeerNode`` (not advertised) and the task that runs it, carries out the
     /// session's commands in order, and hands its events to the session.
     private func makeGeneration(_ serviceType: ServiceType, in state: inout State) throws(PeerLinkError) -> Generation {
-        let configuration = PeerSessionConfiguration(
-            identity: identity, displayName: displayName, serviceType: serviceType, encryption: encryptionPreference)
-        let peer = try LANPeer(configuration: configuration, advertising: false, logger: logger)
+        let configuration = PeerNodeConfiguration(
+            session: PeerSessionConfiguration(
+                identity: identity, displayName: displayName, serviceType: serviceType, encryption: encryptionPreference),
+            transports: transports, advertising: false, discoveryRequired: false)
+        let peer = try PeerNode(configuration: configuration, logger: logger)
         let number = state.nextGeneration
         state.nextGeneration += 1
         let (commandStream, commands) = AsyncStream.makeStream(of: Command.self)
@@ -381,32 +393,29 @@ public final class MultipeerSession: Sendable {
                         }
                     }
                 }
-                for await event in peer.session.events {
-                    owner.session?.handle(event, generation: number)
+                for await event in peer.events {
+                    switch event {
+                    case .session(let event): owner.session?.handle(event, generation: number)
+                    case .transport(let notice): owner.session?.transportNotice(notice, generation: number)
+                    case .met, .discovery, .invitedByName: break
+                    }
                 }
                 commands.finish()
             }
         }
         logger.debug(
             "session peer started",
-            metadata: ["generation": "\(number)", "link.listen": "\(peer.listener.localEndpoints.map(\.description))"])
+            metadata: [
+                "generation": "\(number)", "transports": "\(peer.runningModules)",
+                "link.listen": "\(peer.session.listeners.flatMap(\.localEndpoints).map(\.description))",
+            ])
         return Generation(number: number, peer: peer, commands: commands, task: task)
     }
 
-    /// Publishes generation's listener with `info`.
+    /// Publishes generation's listeners with `info` (what happens to the advertisements comes
+    /// as the node's transport notices).
     private func publish(_ info: DiscoveryInfo, in generation: Generation, state: inout State) throws(PeerLinkError) {
-        let advertiser = try LANAdvertiser(
-            identity: identity, displayName: displayName, serviceType: generation.peer.session.configuration.serviceType, info: info,
-            port: generation.peer.listener.port, logger: logger)
-        let events = advertiser.events
-        let owner = WeakSession(self)
-        let number = generation.number
-        let watcher = Task {
-            for await event in events {
-                owner.session?.advertisementEvent(event, generation: number)
-            }
-        }
-        state.publication = Publication(advertiser: advertiser, watcher: watcher)
+        state.publication = try generation.peer.publish(info: info)
     }
 
     /// Carries out one command; returns the invitation or answer that could not be sent.
@@ -518,11 +527,17 @@ public final class MultipeerSession: Sendable {
         deliver { $0.session(self, peer: id, didChange: .notConnected) }
     }
 
-    private func advertisementEvent(_ event: LANAdvertiserEvent, generation number: Int) {
+    /// A notice of generation `number`'s node: advertisements that failed for good detach the
+    /// advertiser; the rest is logged.
+    private func transportNotice(_ notice: TransportNotice, generation number: Int) {
+        guard case .advertisement(let event) = notice.what else {
+            logger.debug("\(notice)", metadata: ["transport": "\(notice.module)"])
+            return
+        }
         switch event {
-        case .published(let name): logger.debug("advertised as \(name)")
-        case .renamed(let from, let to): logger.info("advertised name \(from) taken on the network; now \(to)")
-        case .daemonUnavailable: logger.warning("avahi-daemon went away; advertising again once it is back")
+        case .published(let name): logger.debug("advertised as \(name)", metadata: ["transport": "\(notice.module)"])
+        case .renamed(let from, let to): logger.info("advertised name \(from) taken on the network; now \(to)", metadata: ["transport": "\(notice.module)"])
+        case .daemonUnavailable(let daemon): logger.warning("\(daemon) went away; advertising again once it is back")
         case .failed(let error):
             // Publishing failed for good: the advertiser is told and detached.
             let advertising = state.withLock { state -> Advertising? in
@@ -543,7 +558,7 @@ public final class MultipeerSession: Sendable {
         var serviceType: ServiceType?
         var generation: Generation?
         var nextGeneration = 1
-        var publication: Publication?
+        var publication: NodePublication?
         var advertising: Advertising?
         var peers: [Fingerprint: Tracked] = [:]
         var clock = 0
@@ -574,11 +589,11 @@ public final class MultipeerSession: Sendable {
         var info: DiscoveryInfo
     }
 
-    /// One run of the session: a LANPeer from the first use (or the last disconnect) to the next
+    /// One run of the session: a PeerNode from the first use (or the last disconnect) to the next
     /// disconnect.
     private struct Generation: Sendable {
         var number: Int
-        var peer: LANPeer
+        var peer: PeerNode
         var commands: AsyncStream<Command>.Continuation
         var task: Task<Void, Never>
     }
@@ -598,22 +613,6 @@ public final class MultipeerSession: Sendable {
             case .disconnect: "leaving the session"
             }
         }
-    }
-}
-
-/// The advertisement of one generation's listener.
-private final class Publication: Sendable {
-    let advertiser: LANAdvertiser
-    let watcher: Task<Void, Never>
-
-    init(advertiser: LANAdvertiser, watcher: Task<Void, Never>) {
-        self.advertiser = advertiser
-        self.watcher = watcher
-    }
-
-    func stop() {
-        watcher.cancel()
-        advertiser.stop()
     }
 }
 

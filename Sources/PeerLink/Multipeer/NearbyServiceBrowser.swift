@@ -4,8 +4,8 @@ import PeerLinkCore
 import PeerLinkLAN
 import Synchronization
 
-/// Finds peers advertising a service on the LAN and invites them into a session —
-/// MultipeerConnectivity's nearby-service browser.
+/// Finds peers advertising a service nearby — on the LAN, over Bluetooth, or both — and invites
+/// them into a session: MultipeerConnectivity's nearby-service browser.
 ///
 /// ```swift
 /// let browser = NearbyServiceBrowser(peer: me, serviceType: "chat")
@@ -17,9 +17,11 @@ import Synchronization
 /// }
 /// ```
 ///
-/// It browses on its own (a ``PeerLinkLAN/LANBrowser``): a peer is *found* once a connection to
-/// it succeeds, and *lost* when it withdraws or stops answering, within 10 s. The local peer is
-/// never reported. Invitations go through the session given to ``invitePeer(_:to:withContext:timeout:)``;
+/// It browses on its own (a ``PeerDiscovery`` over the transports of its local peer's
+/// ``MultipeerSession``, the LAN unless that session was made with others): a peer is *found*
+/// once it is reachable (on the LAN, a connection to it succeeded; over Bluetooth, its SDP record
+/// answered), and *lost* when it withdraws or stops answering on every transport. A peer found on
+/// several transports is found once. The local peer is never reported. Invitations go through the session given to ``invitePeer(_:to:withContext:timeout:)``;
 /// their outcome arrives at the session's delegate as the peer's state (*connecting*, then
 /// *connected* or *not connected*). Delegate calls arrive on ``delegateQueue``.
 public final class NearbyServiceBrowser: Sendable {
@@ -29,6 +31,9 @@ public final class NearbyServiceBrowser: Sendable {
     public let serviceType: String
     /// Where delegate calls are made, one at a time.
     public let delegateQueue: DispatchQueue
+    /// The transports to browse on; nil: those of the local peer's most recent
+    /// ``MultipeerSession`` when browsing starts (the LAN when there is none).
+    public let transports: TransportChoice?
 
     private let logger: Logger
     private let state = Mutex(State())
@@ -49,14 +54,16 @@ public final class NearbyServiceBrowser: Sendable {
     /// - Parameters:
     ///   - peer: the local peer, never reported found.
     ///   - serviceType: the service, as in MultipeerConnectivity (`chat` is `_chat._tcp` on the LAN).
+    ///   - transports: where to browse; nil (the default): the transports of the peer's session.
     ///   - delegateQueue: the serial queue for delegate calls (nil: a private serial queue).
     ///   - logger: where the browser logs.
     public init(
-        peer: MultipeerPeerID, serviceType: String, delegateQueue: DispatchQueue? = nil,
+        peer: MultipeerPeerID, serviceType: String, transports: TransportChoice? = nil, delegateQueue: DispatchQueue? = nil,
         logger: Logger = Logger(label: "peerlink.multipeer")
     ) {
         myPeerID = peer
         self.serviceType = serviceType
+        self.transports = transports
         self.delegateQueue = delegateQueue ?? DispatchQueue(label: "peerlink.multipeer.browser")
         var logger = logger
         logger[metadataKey: "peer.local"] = "\(peer.fingerprint)"
@@ -77,31 +84,47 @@ public final class NearbyServiceBrowser: Sendable {
     /// while browsing does nothing. Failures go to
     /// ``NearbyServiceBrowserDelegate/browser(_:didNotStartBrowsingForPeers:)``.
     public func startBrowsingForPeers() {
-        let events: AsyncStream<DiscoveryEvent>
-        do throws(PeerLinkError) {
-            let type: ServiceType
-            do throws(ValidationError) {
-                type = try ServiceType(serviceType)
-            } catch {
-                throw error.peerLinkError
-            }
-            if state.withLock({ $0.browse != nil }) { return }
-            let browser = LANBrowser(serviceType: type, excluding: [myPeerID.fingerprint], logger: logger)
-            events = try browser.events()
+        let type: ServiceType
+        do throws(ValidationError) {
+            type = try ServiceType(serviceType)
         } catch {
+            let error = error.peerLinkError
             logger.warning("browsing did not start: \(error.message)")
             delegateQueue.async { self.delegate?.browser(self, didNotStartBrowsingForPeers: error) }
             return
         }
+        let choice = transports ?? MultipeerRegistry.session(for: myPeerID)?.transports ?? .lan
+        let modules = choice.modules(logger: logger)
+        let discovery = PeerDiscovery(
+            modules: modules, request: BrowseRequest(serviceType: type, excluding: [myPeerID.fingerprint]), logger: logger)
         state.withLock { state in
-            guard state.browse == nil else { return }  // started meanwhile: this browse ends unused
+            guard state.browse == nil else { return }  // browsing already
             state.browseNumber += 1
             state.found = [:]
             let number = state.browseNumber
             let owner = WeakBrowser(self)
+            let total = modules.count
             state.browse = Task {
-                for await event in events {
-                    owner.browser?.discovered(event, browse: number)
+                let failures = Mutex<[(label: String, error: PeerLinkError)]>([])
+                await discovery.run { event in
+                    switch event {
+                    case .peer(let change):
+                        owner.browser?.discovered(change, browse: number)
+                    case .browsing:
+                        break
+                    case .unavailable(_, let label, let error):
+                        let all = failures.withLock { failures in
+                            failures.append((label, error))
+                            return failures
+                        }
+                        // Every transport failed: the browse did not start.
+                        if all.count == total {
+                            let combined = total == 1
+                                ? error
+                                : PeerLinkError(error.code, "no transport can browse here — " + all.map { "\($0.label): \($0.error.message)" }.joined(separator: "; "))
+                            owner.browser?.browseFailed(combined, browse: number)
+                        }
+                    }
                 }
             }
         }
@@ -142,6 +165,18 @@ public final class NearbyServiceBrowser: Sendable {
     }
 
     // MARK: - Browsing
+
+    private func browseFailed(_ error: PeerLinkError, browse number: Int) {
+        let browse = state.withLock { state -> Task<Void, Never>? in
+            guard state.browse != nil, state.browseNumber == number else { return nil }
+            defer { state.browse = nil }
+            return state.browse
+        }
+        guard let browse else { return }
+        browse.cancel()
+        logger.warning("browsing did not start: \(error.message)")
+        delegateQueue.async { self.delegate?.browser(self, didNotStartBrowsingForPeers: error) }
+    }
 
     private func discovered(_ event: DiscoveryEvent, browse number: Int) {
         state.withLock { state in

@@ -38,12 +38,6 @@ public struct PeerLinkServiceRecord: Hashable, Sendable {
         self.psm = psm
     }
 
-    /// The endpoints this record offers on the device at `address`: L2CAP first (packets with a
-    /// negotiated MTU), then RFCOMM.
-    public func endpoints(at address: BluetoothAddress) -> [Endpoint] {
-        [psm.map { Endpoint.l2cap(address: address, psm: $0) }, channel.map { Endpoint.rfcomm(address: address, channel: $0) }].compactMap { $0 }
-    }
-
     /// The record's attributes, by attribute ID.
     public var attributes: [UInt16: SDPElement] {
         var attributes: [UInt16: SDPElement] = [
