@@ -166,6 +166,13 @@ let package = Package(
             dependencies: ["PeerLinkFiles", "PeerLinkPosix", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strict
         ),
+        // The node and the open transport set: endpoint schemes, ranking, transport choice, and
+        // nodes over in-memory transports (no sockets, no daemons).
+        .testTarget(
+            name: "PeerLinkNodeTests",
+            dependencies: ["PeerLink", "PeerLinkTestSupport", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strict
+        ),
         .testTarget(
             name: "PeerLinkIntegrationTests",
             dependencies: [

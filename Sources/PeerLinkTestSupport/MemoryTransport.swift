@@ -4,7 +4,7 @@ import Synchronization
 /// An in-memory network for deterministic tests: listeners register under a name, dials of
 /// `memory://name` connect to them, and each connection is a pair of ``MemoryChannel``s —
 /// ordered byte pipes with a bounded buffer per direction and back-pressure. Peers advertise
-/// and browse on it too (``publish(_:serviceType:)``, ``browse(serviceType:excluding:)``), which
+/// and browse on it too (``publish(_:serviceType:kind:)``, ``browse(serviceType:kind:excluding:)``), which
 /// is how ``MemoryTransportModule`` plays a whole transport in a node's tests.
 ///
 /// A listener may take another kind than `memory` (`listen(name:kind:)`): its endpoint is then
@@ -54,10 +54,11 @@ public final class MemoryNetwork: Sendable {
         }
     }
 
-    /// Publishes `peer` on the network for browsers of `serviceType`, until the publication is
-    /// stopped (browsers then report it lost).
-    public func publish(_ peer: DiscoveredPeer, serviceType: ServiceType) -> MemoryPublication {
-        let (id, deliveries) = state.withLock { $0.directory.publish(peer, serviceType: serviceType) }
+    /// Publishes `peer` on the network for browsers of `serviceType` on links of `kind`, until
+    /// the publication is stopped (browsers then report it lost).
+    public func publish(_ peer: DiscoveredPeer, serviceType: ServiceType, kind: TransportKind = .memory) -> MemoryPublication {
+        let scope = MemoryDirectory.Scope(serviceType: serviceType, kind: kind)
+        let (id, deliveries) = state.withLock { $0.directory.publish(peer, scope: scope) }
         for (sink, event) in deliveries { sink.yield(event) }
         return MemoryPublication(network: self, id: id, peer: peer)
     }
@@ -67,13 +68,14 @@ public final class MemoryNetwork: Sendable {
         for (sink, event) in deliveries { sink.yield(event) }
     }
 
-    /// What is published for `serviceType` now, and what is published or withdrawn from now on:
-    /// `found` for each peer published (the ones published already first), `lost` when its last
-    /// publication stops. Peers in `excluding` are never reported. Browsing stops when the
-    /// consumer stops iterating.
-    public func browse(serviceType: ServiceType, excluding: Set<Fingerprint> = []) -> AsyncStream<DiscoveryEvent> {
+    /// What is published for `serviceType` on links of `kind` now, and what is published or
+    /// withdrawn from now on: `found` for each peer published (the ones published already first),
+    /// `lost` when its last publication stops. Peers in `excluding` are never reported. Browsing
+    /// stops when the consumer stops iterating.
+    public func browse(serviceType: ServiceType, kind: TransportKind = .memory, excluding: Set<Fingerprint> = []) -> AsyncStream<DiscoveryEvent> {
         let (events, sink) = AsyncStream.makeStream(of: DiscoveryEvent.self)
-        let (id, initial) = state.withLock { $0.directory.addBrowser(serviceType: serviceType, excluding: excluding, sink: sink) }
+        let scope = MemoryDirectory.Scope(serviceType: serviceType, kind: kind)
+        let (id, initial) = state.withLock { $0.directory.addBrowser(scope: scope, excluding: excluding, sink: sink) }
         for event in initial { sink.yield(event) }
         sink.onTermination = { [weak self] _ in self?.state.withLock { $0.directory.removeBrowser(id) } }
         return events

@@ -77,64 +77,70 @@ public final class MemoryPublication: TransportAdvertiser {
 struct MemoryDirectory {
     typealias Sink = AsyncStream<DiscoveryEvent>.Continuation
 
-    private struct Browser {
+    /// Who sees a publication: browsers of the same service on the same kind of link.
+    struct Scope: Hashable, Sendable {
         var serviceType: ServiceType
+        var kind: TransportKind
+    }
+
+    private struct Browser {
+        var scope: Scope
         var excluding: Set<Fingerprint>
         var sink: Sink
     }
 
-    private var publications: [Int: (serviceType: ServiceType, peer: DiscoveredPeer)] = [:]
+    private var publications: [Int: (scope: Scope, peer: DiscoveredPeer)] = [:]
     private var browsers: [Int: Browser] = [:]
     private var nextID = 0
 
-    private func published(_ serviceType: ServiceType, _ fingerprint: Fingerprint) -> [DiscoveredPeer] {
+    private func published(_ scope: Scope, _ fingerprint: Fingerprint) -> [DiscoveredPeer] {
         publications.keys.sorted().compactMap { id in
             let entry = publications[id]!
-            return entry.serviceType == serviceType && entry.peer.id.fingerprint == fingerprint ? entry.peer : nil
+            return entry.scope == scope && entry.peer.id.fingerprint == fingerprint ? entry.peer : nil
         }
     }
 
     /// What a browser of the peer's service sees of it now: its endpoints over every publication.
-    private func view(_ serviceType: ServiceType, _ fingerprint: Fingerprint) -> DiscoveredPeer? {
-        let all = published(serviceType, fingerprint)
+    private func view(_ scope: Scope, _ fingerprint: Fingerprint) -> DiscoveredPeer? {
+        let all = published(scope, fingerprint)
         guard var peer = all.last else { return nil }
         var seen: Set<Endpoint> = []
         peer.endpoints = all.flatMap(\.endpoints).filter { seen.insert($0).inserted }
         return peer
     }
 
-    private func deliveries(_ serviceType: ServiceType, _ fingerprint: Fingerprint, _ event: DiscoveryEvent) -> [(Sink, DiscoveryEvent)] {
+    private func deliveries(_ scope: Scope, _ fingerprint: Fingerprint, _ event: DiscoveryEvent) -> [(Sink, DiscoveryEvent)] {
         browsers.keys.sorted().compactMap { id in
             let browser = browsers[id]!
-            guard browser.serviceType == serviceType, !browser.excluding.contains(fingerprint) else { return nil }
+            guard browser.scope == scope, !browser.excluding.contains(fingerprint) else { return nil }
             return (browser.sink, event)
         }
     }
 
-    mutating func publish(_ peer: DiscoveredPeer, serviceType: ServiceType) -> (Int, [(Sink, DiscoveryEvent)]) {
+    mutating func publish(_ peer: DiscoveredPeer, scope: Scope) -> (Int, [(Sink, DiscoveryEvent)]) {
         nextID += 1
-        let known = view(serviceType, peer.id.fingerprint) != nil
-        publications[nextID] = (serviceType, peer)
-        let now = view(serviceType, peer.id.fingerprint)!
-        return (nextID, deliveries(serviceType, peer.id.fingerprint, known ? .updated(now) : .found(now)))
+        let known = view(scope, peer.id.fingerprint) != nil
+        publications[nextID] = (scope, peer)
+        let now = view(scope, peer.id.fingerprint)!
+        return (nextID, deliveries(scope, peer.id.fingerprint, known ? .updated(now) : .found(now)))
     }
 
     mutating func withdraw(_ id: Int) -> [(Sink, DiscoveryEvent)] {
-        guard let (serviceType, peer) = publications.removeValue(forKey: id) else { return [] }
-        let event: DiscoveryEvent = view(serviceType, peer.id.fingerprint).map { .updated($0) } ?? .lost(peer.id)
-        return deliveries(serviceType, peer.id.fingerprint, event)
+        guard let (scope, peer) = publications.removeValue(forKey: id) else { return [] }
+        let event: DiscoveryEvent = view(scope, peer.id.fingerprint).map { .updated($0) } ?? .lost(peer.id)
+        return deliveries(scope, peer.id.fingerprint, event)
     }
 
-    mutating func addBrowser(serviceType: ServiceType, excluding: Set<Fingerprint>, sink: Sink) -> (Int, [DiscoveryEvent]) {
+    mutating func addBrowser(scope: Scope, excluding: Set<Fingerprint>, sink: Sink) -> (Int, [DiscoveryEvent]) {
         nextID += 1
-        browsers[nextID] = Browser(serviceType: serviceType, excluding: excluding, sink: sink)
+        browsers[nextID] = Browser(scope: scope, excluding: excluding, sink: sink)
         var seen: Set<Fingerprint> = []
         let fingerprints = publications.keys.sorted().compactMap { id -> Fingerprint? in
             let entry = publications[id]!
-            guard entry.serviceType == serviceType, !excluding.contains(entry.peer.id.fingerprint) else { return nil }
+            guard entry.scope == scope, !excluding.contains(entry.peer.id.fingerprint) else { return nil }
             return seen.insert(entry.peer.id.fingerprint).inserted ? entry.peer.id.fingerprint : nil
         }
-        return (nextID, fingerprints.compactMap { view(serviceType, $0).map(DiscoveryEvent.found) })
+        return (nextID, fingerprints.compactMap { view(scope, $0).map(DiscoveryEvent.found) })
     }
 
     mutating func removeBrowser(_ id: Int) {
@@ -195,28 +201,30 @@ public struct MemoryTransportModule: TransportModule {
         let peer = DiscoveredPeer(
             id: advertisement.peer, protocolVersion: Int(WireFormat.version), endpoints: endpoints.filter { $0.kind == kind },
             info: advertisement.info)
-        return network.publish(peer, serviceType: advertisement.serviceType)
+        return network.publish(peer, serviceType: advertisement.serviceType, kind: kind)
     }
 
     public func browser(_ request: BrowseRequest) -> any TransportBrowser {
-        MemoryBrowser(network: network, request: request, fault: faults.browsing)
+        MemoryBrowser(network: network, request: request, kind: kind, fault: faults.browsing)
     }
 }
 
-/// Browses a ``MemoryNetwork``.
+/// Browses a ``MemoryNetwork`` for the publications of one kind of link.
 public struct MemoryBrowser: TransportBrowser {
     public let network: MemoryNetwork
     public let request: BrowseRequest
+    public let kind: TransportKind
     let fault: PeerLinkError?
 
-    public init(network: MemoryNetwork, request: BrowseRequest, fault: PeerLinkError? = nil) {
+    public init(network: MemoryNetwork, request: BrowseRequest, kind: TransportKind = .memory, fault: PeerLinkError? = nil) {
         self.network = network
         self.request = request
+        self.kind = kind
         self.fault = fault
     }
 
     public func events() async throws(PeerLinkError) -> AsyncStream<DiscoveryEvent> {
         if let fault { throw fault }
-        return network.browse(serviceType: request.serviceType, excluding: request.excluding)
+        return network.browse(serviceType: request.serviceType, kind: kind, excluding: request.excluding)
     }
 }

@@ -61,7 +61,7 @@ public struct TransportChoice: Sendable, CustomStringConvertible {
     ///
     /// - Throws: `invalidParameter` naming what is not a transport, and the accepted names.
     public init(parsing text: String) throws(PeerLinkError) {
-        let words = text.lowercased().split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+        let words = text.lowercased().split(separator: ",", omittingEmptySubsequences: false).map { $0.trimmingCharacters(in: .whitespaces) }
         let known = StandardTransports.names
         let accepted = (known + ["auto"]).joined(separator: ", ")
         guard !words.isEmpty, !words.contains("") else {
