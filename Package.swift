@@ -147,6 +147,14 @@ let package = Package(
             swiftSettings: strict
         ),
 
+        .executableTarget(
+            name: "peerlink-example-mpcchat",
+            dependencies: ["PeerLinkExampleSupport", "PeerLink", .product(name: "Logging", package: "swift-log")],
+            path: "Examples/MPCChat",
+            exclude: ["README.md"],
+            swiftSettings: strict
+        ),
+
         .testTarget(
             name: "PeerLinkCoreTests",
             dependencies: ["PeerLinkCore"],
