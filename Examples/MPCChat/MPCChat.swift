@@ -6,8 +6,8 @@
 //
 // Script-friendly: one line in is one message; "NAME: TEXT" for each message received,
 // "* NAME connected" / "* NAME not connected" when peers come and go, "+ NAME found" when the
-// browser finds one. At the end of input it sends what it read (waiting up to 60 s for a peer),
-// leaves the session and exits 0.
+// browser finds one. At the end of input it sends what it read (waiting up to 60 s for a peer
+// when lines wait), leaves the session and exits 0.
 import Foundation
 import Logging
 import PeerLink
@@ -80,13 +80,13 @@ enum MPCChatExample {
         let arguments = parseArguments(["--name", "--service", "--transport", "--adapter", "--invite", "--identity"], usage: usage)
         let name = validName(arguments["--name"] ?? hostName())
         let service = validService(arguments["--service"] ?? "mpcchat")
+        _ = loadIdentity(at: arguments["--identity"] ?? IdentityStore.defaultPath())  // logging set up, a note when created
         var transports = validTransports(arguments["--transport"] ?? "lan")
         if let adapter = arguments["--adapter"] {
             guard BluetoothTransportModule.isAdapterName(adapter) else { usageError("--adapter: '\(adapter)' is not hciN") }
             transports = transports.configuring(BluetoothTransportModule(adapter: adapter))
         }
         let inviteName = arguments["--invite"]
-        _ = loadIdentity(at: arguments["--identity"] ?? IdentityStore.defaultPath())  // logging, and a note when created
         let me: MultipeerPeerID
         do {
             me = try MultipeerPeerID(displayName: name.value, identityPath: arguments["--identity"] ?? IdentityStore.defaultPath())
@@ -119,6 +119,7 @@ enum MPCChatExample {
                 pending.append(line)
             case .endOfInput:
                 inputEnded = true
+                if pending.isEmpty { break loop }
                 Task {
                     try? await Task.sleep(until: giveUp)
                     input.yield(.failed("nobody connected within 60 s"))
@@ -149,7 +150,7 @@ enum MPCChatExample {
                     break  // a peer left between the look and the send
                 }
             }
-            if inputEnded && pending.isEmpty && !peers.isEmpty { break }
+            if inputEnded && pending.isEmpty { break }
         }
         // Give the last messages a moment on their links before leaving.
         try? await Task.sleep(for: .seconds(1))

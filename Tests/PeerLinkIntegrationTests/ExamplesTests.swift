@@ -100,6 +100,29 @@ struct ExamplesTests {
         #expect(try await bob.waitForExit() == 0)
     }
 
+    @Test("MPCChat: Bob's browser finds Ann and invites her, her advertiser accepts, messages both ways over the LAN", .timeLimit(.minutes(2)))
+    func mpcChat() async throws {
+        let service = TestHost.uniqueServiceType("p")
+        let ann = try Self.example("mpcchat", ["--name", "Ann", "--service", service], withInput: true)
+        let bob = try Self.example("mpcchat", ["--name", "Bob", "--service", service, "--invite", "Ann"], withInput: true)
+        defer {
+            ann.terminate()
+            bob.terminate()
+        }
+        try await bob.waitForLine(containing: "+ Ann found", timeout: .seconds(30))
+        try await bob.waitForLine(containing: "* Ann connected", timeout: .seconds(30))
+        try await ann.waitForLine(containing: "* Bob connected", timeout: .seconds(15))
+        ann.type("hello Bob\n")
+        bob.type("hi Ann\n")
+        try await bob.waitForLine(containing: "Ann: hello Bob")
+        try await ann.waitForLine(containing: "Bob: hi Ann")
+        bob.closeInput()
+        #expect(try await bob.waitForExit() == 0)
+        try await ann.waitForLine(containing: "* Bob not connected", timeout: .seconds(15))
+        ann.closeInput()
+        #expect(try await ann.waitForExit() == 0)
+    }
+
     /// Types `invite 1` into `inviter` until `invitee` shows the invitation prompt. An invitation
     /// that fails (the invitee's advertisement is not resolved yet, or names a port its previous
     /// session listened at) is sent again after half a second, as a person would; each try waits
