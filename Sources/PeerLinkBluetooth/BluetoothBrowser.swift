@@ -20,6 +20,11 @@ extension BluetoothScanner {
         logger: Logger = Logger(label: "peerlink.bluetooth")
     ) async throws(PeerLinkError) -> (entries: [BluetoothScanEntry], method: Method) {
         let (devices, method, local) = try await scan(adapter: adapter, duration: duration, logger: logger)
+        // Browsing stopped during the scan: no SDP searches (a connection given up half-way can
+        // leave the emulated controllers of the lab with a link that goes nowhere).
+        if Task.isCancelled {
+            return (devices.map { BluetoothScanEntry(device: $0, peers: [], sdpProblem: "not searched: browsing stopped") }, method)
+        }
         let entries = await withTaskGroup(of: BluetoothScanEntry.self) { group in
             for device in devices {
                 group.addTask {
@@ -105,30 +110,17 @@ public final class BluetoothBrowser: TransportBrowser {
         let (events, output) = AsyncStream<DiscoveryEvent>.makeStream()
         let serviceType = serviceType, adapter = adapter, roundDuration = roundDuration
         let roundsBeforeLost = roundsBeforeLost, excluding = excluding, logger = logger, lastRound = lastRound
-        let driver = Task {
-            var known: [Fingerprint: (peer: DiscoveredPeer, missed: Int)] = [:]
-            var round = first.entries
+        // What the first round found is in the stream before it is returned.
+        var known: [Fingerprint: (peer: DiscoveredPeer, missed: Int)] = [:]
+        Self.report(first.entries, known: &known, roundsBeforeLost: roundsBeforeLost, to: output)
+        let driver = Task { [known] in
+            var known = known
             while !Task.isCancelled {
-                let present = Dictionary(round.flatMap(\.peers).map { ($0.id.fingerprint, $0) }, uniquingKeysWith: { a, _ in a })
-                for (fingerprint, peer) in present {
-                    if let previous = known[fingerprint] {
-                        if previous.peer != peer || previous.peer.id.displayName != peer.id.displayName { output.yield(.updated(peer)) }
-                    } else {
-                        output.yield(.found(peer))
-                    }
-                    known[fingerprint] = (peer, 0)
-                }
-                for (fingerprint, entry) in known where present[fingerprint] == nil {
-                    if entry.missed + 1 >= roundsBeforeLost {
-                        known[fingerprint] = nil
-                        output.yield(.lost(entry.peer.id))
-                    } else {
-                        known[fingerprint] = (entry.peer, entry.missed + 1)
-                    }
-                }
+                let round: [BluetoothScanEntry]
                 do {
                     let next = try await BluetoothScanner.scanForPeers(
                         serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger)
+                    if Task.isCancelled { break }
                     lastRound.set(next)
                     round = next.entries
                 } catch let error as PeerLinkError {
@@ -140,10 +132,36 @@ public final class BluetoothBrowser: TransportBrowser {
                     try? await Task.sleep(for: roundDuration)
                     round = []
                 }
+                Self.report(round, known: &known, roundsBeforeLost: roundsBeforeLost, to: output)
             }
         }
         output.onTermination = { _ in driver.cancel() }
         return events
+    }
+
+    /// Yields what a round changed: peers found or updated, peers missing from
+    /// `roundsBeforeLost` rounds in a row lost.
+    private static func report(
+        _ round: [BluetoothScanEntry], known: inout [Fingerprint: (peer: DiscoveredPeer, missed: Int)], roundsBeforeLost: Int,
+        to output: AsyncStream<DiscoveryEvent>.Continuation
+    ) {
+        let present = Dictionary(round.flatMap(\.peers).map { ($0.id.fingerprint, $0) }, uniquingKeysWith: { a, _ in a })
+        for (fingerprint, peer) in present {
+            if let previous = known[fingerprint] {
+                if previous.peer != peer || previous.peer.id.displayName != peer.id.displayName { output.yield(.updated(peer)) }
+            } else {
+                output.yield(.found(peer))
+            }
+            known[fingerprint] = (peer, 0)
+        }
+        for (fingerprint, entry) in known where present[fingerprint] == nil {
+            if entry.missed + 1 >= roundsBeforeLost {
+                known[fingerprint] = nil
+                output.yield(.lost(entry.peer.id))
+            } else {
+                known[fingerprint] = (entry.peer, entry.missed + 1)
+            }
+        }
     }
 
     /// The devices the last round saw — address, name, class, RSSI — PeerLink peers marked with

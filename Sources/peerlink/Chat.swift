@@ -138,9 +138,13 @@ struct Chat: AsyncParsableCommand {
                 adapter: adapter, channel: rfcommChannel.flatMap(RFCOMMChannel.init), psm: l2capPsm.flatMap(L2CAPPSM.init), logger: logger))
     }
 
-    /// `--connect`'s text as an endpoint, read by the chosen transports' schemes.
+    /// `--connect`'s text as an endpoint, read by the schemes of every standard transport and of
+    /// the chosen ones (an endpoint of a transport not chosen is refused when connecting, with why).
     func endpoint(_ text: String) throws(PeerLinkError) -> Endpoint {
-        for module in choice(logger: Logger(label: "peerlink.chat")).modules() { module.registerEndpointSchemes() }
+        let logger = Logger(label: "peerlink.chat")
+        for module in StandardTransports.modules(logger: logger) + choice(logger: logger).modules(logger: logger) {
+            module.registerEndpointSchemes()
+        }
         return try Endpoint(parsing: text)
     }
 

@@ -142,6 +142,7 @@ struct Scan: AsyncParsableCommand {
             await discovery.run { event in
                 switch event {
                 case .peer(let change):
+                    progress.heard()
                     if watching { Self.printWatched(change, json: jsonLines) }
                 case .browsing:
                     progress.settled(nil)
@@ -152,12 +153,13 @@ struct Scan: AsyncParsableCommand {
             }
         }
         // Scan for the whole time, and until every browser started (a Bluetooth round ends
-        // after its inquiry and SDP searches) or failed, within a bound.
+        // after its inquiry and SDP searches) or failed and what they found came in (nothing new
+        // for a moment), within a bound.
         let start = ContinuousClock.now
         while ContinuousClock.now < start + duration + .seconds(60) {
             let (settled, failures) = progress.state
             if failures.count == modules.count { break }
-            if settled == modules.count && ContinuousClock.now >= start + duration { break }
+            if settled == modules.count && ContinuousClock.now >= start + duration && progress.quietFor(.milliseconds(500)) { break }
             try? await Task.sleep(for: .milliseconds(50))
         }
         browse.cancel()
@@ -254,9 +256,9 @@ extension String {
     }
 }
 
-/// Which browsers of a scan have started or failed.
+/// Which browsers of a scan have started or failed, and when the last report came.
 final class ScanProgress: Sendable {
-    private let counts = Mutex<(settled: Int, failures: [PeerLinkError])>((0, []))
+    private let counts = Mutex<(settled: Int, failures: [PeerLinkError], last: ContinuousClock.Instant)>((0, [], .now))
     let total: Int
 
     init(total: Int) {
@@ -266,9 +268,20 @@ final class ScanProgress: Sendable {
     func settled(_ failure: PeerLinkError?) {
         counts.withLock { counts in
             counts.settled += 1
+            counts.last = .now
             if let failure { counts.failures.append(failure) }
         }
     }
 
-    var state: (settled: Int, failures: [PeerLinkError]) { counts.withLock { $0 } }
+    /// A peer was reported.
+    func heard() {
+        counts.withLock { $0.last = .now }
+    }
+
+    /// Whether nothing was reported for `duration`.
+    func quietFor(_ duration: Duration) -> Bool {
+        counts.withLock { $0.last + duration <= .now }
+    }
+
+    var state: (settled: Int, failures: [PeerLinkError]) { counts.withLock { ($0.settled, $0.failures) } }
 }

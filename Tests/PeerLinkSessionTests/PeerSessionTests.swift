@@ -42,7 +42,7 @@ struct PeerSessionTests {
             #expect(atAna.verificationCode.count == 7)
             #expect(atAna.verificationCode == atBo.verificationCode)
 
-            // Ana leaves and stops listening, as a LANPeer does. (Automatic mode may invite her
+            // Ana leaves and stops listening, as a PeerNode does. (Automatic mode may invite her
             // again at once if her fingerprint is the greater: then Bo sees her go when that
             // dial finds nobody listening.)
             await ana.session.disconnect()

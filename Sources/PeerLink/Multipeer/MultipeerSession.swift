@@ -1,7 +1,6 @@
 import Foundation
 import Logging
 import PeerLinkCore
-import PeerLinkLAN
 import PeerLinkSession
 import Synchronization
 

@@ -4,8 +4,10 @@ import PeerLinkCore
 import PeerLinkSession
 import Synchronization
 
-/// Makes the local peer visible on the LAN with its discovery info, and hands the invitations
-/// other peers send to its delegate — MultipeerConnectivity's nearby-service advertiser.
+/// Makes the local peer visible nearby with its discovery info — on the transports of its
+/// session: the LAN (DNS-SD) by default, Bluetooth (an SDP record) for a session made with
+/// `transports: .bluetooth` or `.auto` — and hands the invitations other peers send to its
+/// delegate: MultipeerConnectivity's nearby-service advertiser.
 ///
 /// ```swift
 /// let advertiser = NearbyServiceAdvertiser(peer: me, discoveryInfo: ["room": "kitchen"], serviceType: "chat")
@@ -50,7 +52,8 @@ public final class NearbyServiceAdvertiser: Sendable {
     /// - Parameters:
     ///   - peer: the local peer, which has a ``MultipeerSession`` by the time advertising starts.
     ///   - discoveryInfo: published with the peer (nil: none).
-    ///   - serviceType: the service, as in MultipeerConnectivity (`chat` is `_chat._tcp` on the LAN).
+    ///   - serviceType: the service, as in MultipeerConnectivity (`chat` is `_chat._tcp` on the LAN,
+    ///     an SDP service class derived from it over Bluetooth).
     ///   - delegateQueue: the serial queue for delegate calls (nil: a private serial queue).
     ///   - logger: where the advertiser logs.
     public init(

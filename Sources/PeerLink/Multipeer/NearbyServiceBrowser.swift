@@ -1,7 +1,6 @@
 import Foundation
 import Logging
 import PeerLinkCore
-import PeerLinkLAN
 import Synchronization
 
 /// Finds peers advertising a service nearby — on the LAN, over Bluetooth, or both — and invites
