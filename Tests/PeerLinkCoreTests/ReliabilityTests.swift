@@ -161,3 +161,83 @@ struct TerminalInjectionTests {
         #expect(try decoder.next() == .decline(reason: "no\\r\\u{1B}]52;c;AAAA\\u{7}"))
     }
 }
+
+@Suite("Link admission: the link caps")
+struct LinkAdmissionTests {
+    static var limits: ResourceLimits {
+        ResourceLimits(maximumHandshakingLinks: 4, maximumHandshakingLinksPerAddress: 2, maximumLinks: 6, maximumLinksPerAddress: 4)
+    }
+
+    @Test("links from one address beyond its caps are refused")
+    func perAddress() {
+        var admission = LinkAdmission<Int>()
+        #expect(admission.admit(1, from: "10.0.0.9", limits: Self.limits, at: .zero).verdict == .admit)
+        #expect(admission.admit(2, from: "10.0.0.9", limits: Self.limits, at: .zero).verdict == .admit)
+        let third = admission.admit(3, from: "10.0.0.9", limits: Self.limits, at: .zero)
+        #expect(third.verdict == .refuse(reason: "too many links from 10.0.0.9 in their handshake (2)"))
+        #expect(third.logSummary == LinkAdmission<Int>.Usage(links: 2, handshaking: 2, refused: 1))
+        // Established links count towards the address's total only.
+        admission.established(1)
+        admission.established(2)
+        #expect(admission.admit(3, from: "10.0.0.9", limits: Self.limits, at: .zero).verdict == .admit)
+        #expect(admission.admit(4, from: "10.0.0.9", limits: Self.limits, at: .zero).verdict == .admit)
+        admission.established(3)
+        admission.established(4)
+        #expect(admission.admit(5, from: "10.0.0.9", limits: Self.limits, at: .zero).verdict == .refuse(reason: "too many links from 10.0.0.9 (4)"))
+        // Another address is not affected.
+        #expect(admission.admit(6, from: "10.0.0.8", limits: Self.limits, at: .zero).verdict == .admit)
+        #expect(admission.usage == LinkAdmission<Int>.Usage(links: 5, handshaking: 1, refused: 2))
+    }
+
+    @Test("at the handshake cap the oldest incoming handshake of the busiest address makes room")
+    func eviction() {
+        var admission = LinkAdmission<Int>()
+        admission.opened(100, from: "10.0.0.1")  // a dial: never evicted
+        #expect(admission.admit(1, from: "10.0.0.2", limits: Self.limits, at: .zero).verdict == .admit)
+        #expect(admission.admit(2, from: "10.0.0.3", limits: Self.limits, at: .zero).verdict == .admit)
+        #expect(admission.admit(3, from: "10.0.0.3", limits: Self.limits, at: .zero).verdict == .admit)
+        // Four in their handshake: the next evicts the oldest of 10.0.0.3, which holds two.
+        #expect(admission.admit(4, from: "10.0.0.4", limits: Self.limits, at: .zero).verdict == .admitEvicting(2))
+        #expect(!admission.contains(2))
+        #expect(admission.usage.handshaking == 4 && admission.usage.evicted == 1)
+        // Once links are established, the total cap refuses when nothing is in its handshake.
+        for key in [100, 1, 3, 4] { admission.established(key) }
+        #expect(admission.admit(5, from: "10.0.0.5", limits: Self.limits, at: .zero).verdict == .admit)
+        admission.established(5)
+        #expect(admission.admit(6, from: "10.0.0.6", limits: Self.limits, at: .zero).verdict == .admit)
+        admission.established(6)
+        #expect(admission.admit(7, from: "10.0.0.7", limits: Self.limits, at: .zero).verdict == .refuse(reason: "too many links (6)"))
+        admission.removed(6)
+        #expect(admission.admit(7, from: "10.0.0.7", limits: Self.limits, at: .zero).verdict == .admit)
+    }
+
+    @Test("refusals are summarised at most every 10 s")
+    func summaries() {
+        var admission = LinkAdmission<Int>()
+        var limits = Self.limits
+        limits.maximumLinks = 1
+        limits.maximumHandshakingLinks = 1
+        limits.maximumHandshakingLinksPerAddress = 1
+        limits.maximumLinksPerAddress = 1
+        _ = admission.admit(0, from: "10.0.0.1", limits: limits, at: .zero)
+        admission.established(0)
+        var summaries: [LinkAdmission<Int>.Usage] = []
+        for second in 0..<25 {
+            for index in 0..<10 {
+                let decision = admission.admit(1000 + second * 10 + index, from: "10.0.0.2", limits: limits, at: .seconds(second))
+                #expect(decision.verdict != .admit)
+                if let summary = decision.logSummary { summaries.append(summary) }
+            }
+        }
+        #expect(summaries.map(\.refused) == [1, 100, 100])
+        #expect(admission.usage.refused == 250)
+    }
+
+    @Test("where a link comes from", arguments: [
+        ("tcp://127.0.0.2:4000", "127.0.0.2"), ("tcp://[::1]:4000", "::1"), ("bt://00:AA:01:00:00:00/l2cap/0x1001", "00:AA:01:00:00:00"),
+        ("bt://00:AA:01:00:00:00/rfcomm/3", "00:AA:01:00:00:00"), ("memory://victim/dialer-3", nil), ("tcp://(unknown peer)", nil),
+    ])
+    func origins(description: String, origin: String?) {
+        #expect(LinkAdmission<Int>.origin(ofRemote: description) == origin)
+    }
+}
