@@ -79,10 +79,10 @@ let package = Package(
             dependencies: ["PeerLinkCore", "PeerLinkPosix", "PeerLinkSession", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strict
         ),
-        // For tests of code built on PeerLink: in-memory transport, manual clock.
+        // For tests of code built on PeerLink: in-memory transport, manual clock, attackers.
         .target(
             name: "PeerLinkTestSupport",
-            dependencies: ["PeerLinkCore"],
+            dependencies: ["PeerLinkCore", "PeerLinkPosix"],
             swiftSettings: strict
         ),
         // The public façade.
@@ -169,7 +169,7 @@ let package = Package(
         .testTarget(
             name: "PeerLinkIntegrationTests",
             dependencies: [
-                "PeerLink", "PeerLinkLAN", "PeerLinkPosix", "PeerLinkBluetooth",
+                "PeerLink", "PeerLinkLAN", "PeerLinkPosix", "PeerLinkBluetooth", "PeerLinkTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strict

@@ -53,7 +53,8 @@ public final class LANPeer: Sendable {
         logger: Logger = Logger(label: "peerlink")
     ) throws(PeerLinkError) {
         try configuration.validate()
-        let listener = try TCPTransportListener(host: listenHost, port: 0)
+        // Resource limits (issue 11): the listener keeps the configured descriptor reserve.
+        let listener = try TCPTransportListener(host: listenHost, port: 0, limits: configuration.limits)
         if advertising {
             do {
                 advertiser = try LANAdvertiser(

@@ -105,12 +105,14 @@ struct Chat: AsyncParsableCommand {
             known = shared
             var admit: (@Sendable (PeerID) -> Bool)?
             if refuseUnknown { admit = { candidate in shared.isKnown(candidate) } }
-            let configuration = PeerSessionConfiguration(
+            var configuration = PeerSessionConfiguration(
                 identity: identity, displayName: displayName, serviceType: serviceType,
                 encryption: Self.preference(encryption) ?? .required,
                 policy: SessionPolicy(automatic: invite == nil),
                 // a Bluetooth page alone may take 5.12 s
                 dialTimeout: links.wantsBluetooth ? .seconds(20) : .seconds(5), admit: admit)
+            // Resource limits (issue 11): link caps this process's descriptors can hold.
+            configuration.limits = configuration.limits.fitted(toDescriptorLimit: DescriptorLimit.current()?.soft ?? 1024)
             node = try ChatNode.make(configuration: configuration, links: links, console: console, logger: logger)
         } catch {
             throw fail(error)
@@ -140,10 +142,12 @@ struct Chat: AsyncParsableCommand {
                     switch event {
                     case .peerStateChanged(let id, .connected, _):
                         guard present.insert(id).inserted else { break }
-                        let (verdict, snapshot) = known.withLock { known in
-                            (known.meet(id, at: Date().timeIntervalSince1970), known)
+                        // Resource limits (issue 11): the list is capped, and saved only when it changed.
+                        let (meeting, snapshot) = known.withLock { known in
+                            (known.record(id, at: Date().timeIntervalSince1970, limit: session.configuration.limits.maximumKnownPeers), known)
                         }
-                        try? KnownPeersStore.save(snapshot, at: knownPath)
+                        if meeting.changed { try? KnownPeersStore.save(snapshot, at: knownPath) }
+                        let verdict = meeting.verdict
                         let code = await session.info(for: id)?.verificationCode
                         console.event("* \(id.displayName) joined")
                         switch verdict {

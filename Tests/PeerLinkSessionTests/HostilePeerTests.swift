@@ -161,7 +161,7 @@ struct HostilePeerTests {
         let honest = try Self.node("honest", log: TestLog())
         let port = try Self.port(of: victim)
         let sources = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
-        var sockets: [RawSocket] = []
+        var sockets: [AttackerSocket] = []
         defer { for socket in sockets { socket.close() } }
         try await withRunning([victim, honest]) {
             let highest = try await Self.sampleHandshaking(victim) {
@@ -231,13 +231,15 @@ struct HostilePeerTests {
         let port = try Self.port(of: victim)
         let attacks: [Attack] = [.recordFlood(count: 2000), .oversizedRecord, .prefaceOnly, .silent, .recordFlood(count: 20)]
         try await withRunning([victim, honest]) {
-            var sockets: [(Attack, RawSocket)] = []
+            var sockets: [(Attack, AttackerSocket)] = []
             defer { for (_, socket) in sockets { socket.close() } }
             for (index, attack) in attacks.enumerated() {
                 sockets.append((attack, try await Attack.launch(attack, port: port, from: "127.0.0.\(20 + index)", service: SessionNode.chat)))
             }
             // A Noise-speaking attacker whose hello carries a 60000-byte display name.
-            let crafted = try await Self.craftedHello(port: port, payload: [1, 0xEA, 0x60] + [UInt8](repeating: 0x41, count: 60000))
+            let crafted = try await Attack.launch(
+                .throwawayKey(hello: [1, 0xEA, 0x60] + [UInt8](repeating: 0x41, count: 60000)), port: port, from: "127.0.0.30",
+                service: SessionNode.chat)
             defer { crafted.close() }
             try await Self.honestExchange(victim, honest, tag: "during the floods")
             for (attack, socket) in sockets {
@@ -252,42 +254,6 @@ struct HostilePeerTests {
         }
         let closings = log.all.filter { $0.message == "link closed" }
         #expect(closings.contains { "\($0.metadata["link.close.reason"] ?? "")".contains("hello is malformed") })
-    }
-
-    /// Handshakes as a dialer with a fresh key, sending `payload` as its hello in message 3.
-    static func craftedHello(port: UInt16, payload: [UInt8]) async throws -> RawSocket {
-        let socket = try await RawSocket.connect(to: port, from: "127.0.0.30")
-        let preface = try LinkPreface(encryption: .optional, service: SessionNode.chat).encoded()
-        // The victim's preface and verdict arrive first.
-        var received: [UInt8] = []
-        var noise: NoiseHandshakeState?
-        await socket.write(preface + [0])
-        for _ in 0..<50 {
-            let (bytes, ended) = await socket.readToEnd(timeout: .milliseconds(200), limit: 1)
-            received += bytes
-            if let (victimPreface, length) = try? LinkPreface.parse(prefix: received[...]), received.count > length {
-                let prologue = WireFormat.prologueLabel + preface + victimPreface.encoded()
-                var state = NoiseHandshakeState.xx(initiator: true, prologue: prologue, staticKey: Identity.generate().privateKey)
-                await socket.write(Record.framed(try state.writeMessage()))
-                noise = state
-                received.removeFirst(length + 1)
-                break
-            }
-            if ended { break }
-        }
-        guard var noise else { throw AttackError("no preface from the victim") }
-        for _ in 0..<50 {
-            if let (body, length) = try Record.parse(prefix: received[...], maxLength: 65535) {
-                _ = try noise.readMessage(Array(body))
-                received.removeFirst(length)
-                await socket.write(Record.framed(try noise.writeMessage(payload: payload)))
-                return socket
-            }
-            let (bytes, ended) = await socket.readToEnd(timeout: .milliseconds(200), limit: 1)
-            received += bytes
-            if ended { break }
-        }
-        throw AttackError("no handshake message 2 from the victim")
     }
 }
 
