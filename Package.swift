@@ -111,6 +111,15 @@ let package = Package(
             swiftSettings: strict
         ),
 
+        // Fuzz targets for every decoder that reads bytes from the network or disk. Built normally
+        // it replays inputs; built with -sanitize=fuzzer,address -DPEERLINK_FUZZING (Hardware/fuzz.sh)
+        // it is libFuzzer itself. The normal build and tests never need libFuzzer.
+        .executableTarget(
+            name: "peerlink-fuzz",
+            dependencies: ["PeerLinkCore", "PeerLinkBluetooth"],
+            swiftSettings: strict
+        ),
+
         // Examples, built with everything else so they never rot.
         .target(
             name: "PeerLinkExampleSupport",
