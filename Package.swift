@@ -79,10 +79,10 @@ let package = Package(
             dependencies: ["PeerLinkCore", "PeerLinkPosix", "PeerLinkSession", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strict
         ),
-        // For tests of code built on PeerLink: in-memory transport, manual clock.
+        // For tests of code built on PeerLink: in-memory transport, manual clock, attackers.
         .target(
             name: "PeerLinkTestSupport",
-            dependencies: ["PeerLinkCore"],
+            dependencies: ["PeerLinkCore", "PeerLinkPosix"],
             swiftSettings: strict
         ),
         // The public façade.
@@ -108,6 +108,15 @@ let package = Package(
                 "PeerLink", "CBlueZ", .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
+            swiftSettings: strict
+        ),
+
+        // Fuzz targets for every decoder that reads bytes from the network or disk. Built normally
+        // it replays inputs; built with -sanitize=fuzzer,address -DPEERLINK_FUZZING (Hardware/fuzz.sh)
+        // it is libFuzzer itself. The normal build and tests never need libFuzzer.
+        .executableTarget(
+            name: "peerlink-fuzz",
+            dependencies: ["PeerLinkCore", "PeerLinkBluetooth"],
             swiftSettings: strict
         ),
 
@@ -184,7 +193,7 @@ let package = Package(
         .testTarget(
             name: "PeerLinkIntegrationTests",
             dependencies: [
-                "PeerLink", "PeerLinkLAN", "PeerLinkPosix", "PeerLinkBluetooth",
+                "PeerLink", "PeerLinkLAN", "PeerLinkPosix", "PeerLinkBluetooth", "PeerLinkTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strict

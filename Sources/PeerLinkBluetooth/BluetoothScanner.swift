@@ -7,6 +7,8 @@ import PeerLinkPosix
 /// A nearby Bluetooth Classic device, as a scan saw it.
 public struct BluetoothDevice: Hashable, Sendable {
     public var address: BluetoothAddress
+    /// The name the device gives, which anyone nearby may choose: escaped where it could act on
+    /// a terminal (``PeerLinkCore/PeerText``).
     public var name: String?
     /// The 24-bit Class of Device, when known.
     public var deviceClass: UInt32?
@@ -15,7 +17,8 @@ public struct BluetoothDevice: Hashable, Sendable {
 
     public init(address: BluetoothAddress, name: String? = nil, deviceClass: UInt32? = nil, rssi: Int? = nil) {
         self.address = address
-        self.name = name
+        // A Bluetooth name is at most 248 bytes; escaping may lengthen it a little.
+        self.name = name.map { PeerText.sanitized($0, limit: 512) }
         self.deviceClass = deviceClass
         self.rssi = rssi
     }

@@ -6,7 +6,7 @@ import PeerLinkCore
 /// advertise (``BluetoothAdvertiser``), and scans with SDP searches to browse
 /// (``BluetoothBrowser``).
 ///
-/// Its links need a kernel with Bluetooth and an adapter that is up (``openLinks()`` throws
+/// Its links need a kernel with Bluetooth and an adapter that is up (``openLinks(limits:)`` throws
 /// otherwise, saying what to do); advertising needs bluetoothd; browsing uses bluetoothd's
 /// discovery, else an HCI inquiry. Without bluetoothd, explicit endpoints
 /// (`bt://ADDR/l2cap/PSM`, `bt://ADDR/rfcomm/CHANNEL`) still connect.
@@ -77,7 +77,7 @@ public struct BluetoothTransportModule: TransportModule {
     }
 
     /// An RFCOMM and an L2CAP listener on the chosen adapter, and a dialer leaving from it.
-    public func openLinks() throws(PeerLinkError) -> TransportLinks {
+    public func openLinks(limits: ResourceLimits) throws(PeerLinkError) -> TransportLinks {
         let chosen = try chosenAdapter()
         guard let address = BluetoothAddress(chosen.address) else {
             throw PeerLinkError(.unknown, "adapter \(chosen.name) reports an address PeerLink cannot read: \(chosen.address)")

@@ -58,8 +58,8 @@ public struct TXTRecord: Hashable, Sendable {
         public var description: String {
             switch self {
             case .missingKey(let key): return "TXT record has no \(key)= entry"
-            case .badVersion(let text): return "TXT record has protocol version '\(text)', not a positive number"
-            case .badFingerprint(let text): return "TXT record has fingerprint '\(text)', not 16 base32 characters"
+            case .badVersion(let text): return "TXT record has protocol version '\(PeerText.sanitized(text, limit: 64))', not a positive number"
+            case .badFingerprint(let text): return "TXT record has fingerprint '\(PeerText.sanitized(text, limit: 64))', not 16 base32 characters"
             case .badUTF8(let key): return "TXT record entry \(key) is not valid UTF-8"
             case .badDisplayName(let error): return "TXT record: \(error)"
             case .oversizedString(let bytes): return "TXT record has a \(bytes)-byte string; at most 255 are allowed"

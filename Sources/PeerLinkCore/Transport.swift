@@ -175,9 +175,10 @@ public protocol TransportModule: Sendable {
     /// The dial timeout its links need at least (a Bluetooth page alone may take 5.12 s); nil
     /// (the default): the session's.
     var dialTimeout: Duration? { get }
-    /// Opens the links: the dialer and the listeners. Throws when this transport cannot run here
-    /// (no Bluetooth in the kernel, no free port).
-    func openLinks() throws(PeerLinkError) -> TransportLinks
+    /// Opens the links: the dialer and the listeners, which keep to `limits` (a TCP listener
+    /// keeps the descriptor reserve free). Throws when this transport cannot run here (no
+    /// Bluetooth in the kernel, no free port).
+    func openLinks(limits: ResourceLimits) throws(PeerLinkError) -> TransportLinks
     /// Publishes `advertisement`, pointing at `endpoints` (this module's listeners' endpoints).
     /// Throws when it cannot (avahi-daemon or bluetoothd not running).
     func advertise(_ advertisement: Advertisement, at endpoints: [Endpoint]) throws(PeerLinkError) -> any TransportAdvertiser

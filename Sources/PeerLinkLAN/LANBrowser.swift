@@ -66,7 +66,7 @@ public final class LANBrowser: TransportBrowser {
                         do {
                             record = try TXTRecord(decoding: txt)
                         } catch {
-                            logger.debug("ignoring a service that is not a PeerLink peer", metadata: ["instance": "\(name)", "reason": "\(error)"])
+                            logger.debug("ignoring a service that is not a PeerLink peer", metadata: ["instance": "\(PeerText.sanitized(name, limit: 256))", "reason": "\(error)"])
                             changes = table.removed(source: source)
                             break
                         }

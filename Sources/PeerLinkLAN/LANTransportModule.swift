@@ -32,8 +32,8 @@ public struct LANTransportModule: TransportModule {
         self.logger = logger
     }
 
-    public func openLinks() throws(PeerLinkError) -> TransportLinks {
-        let listener = try TCPTransportListener(host: listenHost, port: port)
+    public func openLinks(limits: ResourceLimits) throws(PeerLinkError) -> TransportLinks {
+        let listener = try TCPTransportListener(host: listenHost, port: port, limits: limits)
         return TransportLinks(dialer: TCPTransport(), listeners: [listener])
     }
 

@@ -84,7 +84,7 @@ public struct IPSocketAddress: Hashable, Sendable, CustomStringConvertible {
     }
 
     /// Calls `body` with a `sockaddr` for this address.
-    func withSockAddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) throws(SystemError) -> R) throws(SystemError) -> R {
+    package func withSockAddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) throws(SystemError) -> R) throws(SystemError) -> R {
         switch storage {
         case .v4(let raw):
             var address = sockaddr_in()

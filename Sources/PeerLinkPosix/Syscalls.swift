@@ -177,6 +177,28 @@ package enum Sys {
         _ = Glibc.unlink(path)
     }
 
+    /// The process's descriptor limit (`RLIMIT_NOFILE`): soft and hard.
+    package static func descriptorLimit() throws(SystemError) -> (soft: UInt64, hard: UInt64) {
+        var limit = rlimit()
+        _ = try retrying("getrlimit") { getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) }
+        return (UInt64(limit.rlim_cur), UInt64(limit.rlim_max))
+    }
+
+    /// Sets the soft descriptor limit (the hard one stays).
+    package static func setSoftDescriptorLimit(_ soft: UInt64) throws(SystemError) {
+        var limit = rlimit()
+        _ = try retrying("getrlimit") { getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) }
+        limit.rlim_cur = rlim_t(soft)
+        _ = try retrying("setrlimit") { setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) }
+    }
+
+    /// Sleeps the calling thread (a blocking call's own thread, never a cooperative one) for
+    /// `milliseconds`; a signal may end it early.
+    package static func sleep(milliseconds: Int32) {
+        var request = timespec(tv_sec: Int(milliseconds / 1000), tv_nsec: Int(milliseconds % 1000) * 1_000_000)
+        _ = nanosleep(&request, nil)
+    }
+
     package static func gethostname() -> String {
         var buffer = [CChar](repeating: 0, count: 256)
         guard Glibc.gethostname(&buffer, buffer.count - 1) == 0 else { return "localhost" }

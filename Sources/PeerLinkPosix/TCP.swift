@@ -2,19 +2,32 @@
 import Glibc
 #endif
 import Foundation
+import PeerLinkCore
 import Synchronization
 
 /// A listening TCP socket: on all interfaces (IPv6 dual-stack when the kernel has IPv6, else
 /// IPv4), or on one numeric address.
+///
+/// Accepting never gives up for lack of descriptors or memory, and keeps descriptors in reserve
+/// (see ``AcceptGuard``). The first listener of a process raises its soft descriptor limit to
+/// the hard one (``DescriptorLimit/raiseSoftLimit()``).
 public final class TCPListener: Sendable {
     public let port: UInt16
     /// The address listened on: `::` or `0.0.0.0` for all interfaces, else the one given.
     public let host: String
     private let descriptor: Descriptor
+    private let acceptGuard: AcceptGuard
 
     /// Listens on `port` (0: a port the kernel picks), on `host` (a numeric address such as
-    /// `127.0.0.1` or `::1`; nil: all interfaces).
-    public init(host: String? = nil, port: UInt16 = 0) throws(SystemError) {
+    /// `127.0.0.1` or `::1`; nil: all interfaces), keeping to `limits`' descriptor reserve and
+    /// accept back-off.
+    public convenience init(host: String? = nil, port: UInt16 = 0, limits: ResourceLimits = .default) throws(SystemError) {
+        _ = DescriptorLimit.raisedOnce
+        try self.init(host: host, port: port, acceptGuard: AcceptGuard(limits: limits))
+    }
+
+    package init(host: String?, port: UInt16, acceptGuard: AcceptGuard) throws(SystemError) {
+        self.acceptGuard = acceptGuard
         var socket: Int32
         var address: IPSocketAddress
         if let host {
@@ -58,28 +71,40 @@ public final class TCPListener: Sendable {
     }
 
     /// Waits for the next connection. Throws once the listener is closed, and
-    /// `CancellationError` when the task is cancelled (noticed within 100 ms).
+    /// `CancellationError` when the task is cancelled (noticed within 100 ms). A lack of
+    /// descriptors or memory is waited out, never thrown (see ``AcceptGuard``).
     public func accept() async throws -> TCPConnection {
         let descriptor = self.descriptor
+        let acceptGuard = self.acceptGuard
         let accepted = try await runBlockingCancellable("peerlink-accept") { flag throws -> Int32 in
             while true {
-                let accepted = try descriptor.withFD("accept") { fd throws(SystemError) -> Int32? in
-                    do throws(SystemError) {
-                        if let accepted = try Sys.wouldBlockAsNil({ () throws(SystemError) in try Sys.accept(fd) }) {
-                            return accepted
-                        }
-                    } catch where error.errno == ECONNABORTED || error.errno == EPROTO {
-                        // A client that gave up before it was accepted: wait for the next one.
-                        return nil
+                let step = try descriptor.withFD("accept") { fd throws(SystemError) -> AcceptGuard.Step in
+                    let step = try acceptGuard.step(listening: fd) { fd throws(SystemError) in
+                        try Sys.wouldBlockAsNil { () throws(SystemError) in try Sys.accept(fd) }
                     }
+                    if let step { return step }
+                    // Nothing pending: wait for a connection, a slice at a time.
                     _ = try Sys.poll(fd, events: Int16(POLLIN), timeoutMilliseconds: pollSlice)
-                    return nil
+                    return .again
                 }
-                if let accepted { return accepted }
+                switch step {
+                case .accepted(let fd): return fd
+                case .again: break
+                case .pause(let pause): try sleep(pause, cancellation: flag)
+                }
                 try flag.check()
             }
         }
         return TCPConnection(fd: accepted)
+    }
+
+    /// Counts of what the accept path shed and waited out (see ``AcceptGuard``).
+    package var acceptStatistics: AcceptGuard.Counts { acceptGuard.statistics }
+
+    /// Connections closed at once: to keep descriptors in reserve, or while the process had none.
+    public var shedConnections: Int {
+        let counts = acceptGuard.statistics
+        return counts.shedForReserve + counts.shedWhileExhausted
     }
 
     /// Stops listening; a pending ``accept()`` throws.
@@ -88,6 +113,18 @@ public final class TCPListener: Sendable {
 
 /// How long a blocking call waits before it looks for cancellation again, in milliseconds.
 package let pollSlice: Int32 = 100
+
+/// Sleeps the calling (blocking) thread for `duration`, in slices, giving up once
+/// `cancellation` is set.
+func sleep(_ duration: Duration, cancellation: CancellationFlag) throws(CancellationError) {
+    var left = duration.components.seconds * 1000 + duration.components.attoseconds / 1_000_000_000_000_000
+    while left > 0 {
+        try cancellation.check()
+        let slice = Int32(min(left, Int64(pollSlice)))
+        Sys.sleep(milliseconds: slice)
+        left -= Int64(slice)
+    }
+}
 
 /// A connected TCP socket (`TCP_NODELAY` on).
 ///

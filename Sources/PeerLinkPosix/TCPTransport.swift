@@ -82,10 +82,11 @@ public final class TCPTransportListener: TransportListener {
     private let listener: TCPListener
 
     /// Listens on `port` (0: any free port) on `host` (a numeric address of this machine, such
-    /// as `127.0.0.1`; nil: all interfaces).
-    public init(host: String? = nil, port: UInt16 = 0) throws(PeerLinkError) {
+    /// as `127.0.0.1`; nil: all interfaces). `limits` say how many descriptors accepting keeps
+    /// in reserve and how it backs off when the process has none left (see ``TCPListener``).
+    public init(host: String? = nil, port: UInt16 = 0, limits: ResourceLimits = .default) throws(PeerLinkError) {
         do {
-            listener = try TCPListener(host: host, port: port)
+            listener = try TCPListener(host: host, port: port, limits: limits)
         } catch {
             throw TCPErrors.listen(error, host: host, port: port)
         }
@@ -102,6 +103,9 @@ public final class TCPTransportListener: TransportListener {
     }
 
     public func close() { listener.close() }
+
+    /// Connections closed at once: to keep descriptors in reserve, or while the process had none.
+    public var shedConnections: Int { listener.shedConnections }
 }
 
 /// Socket errors become ``PeerLinkError``s here, once, with messages that say what to do.

@@ -265,19 +265,22 @@ extension PeerSession {
     // MARK: - Incoming links
 
     private func acceptLoop(_ listener: any TransportListener) async {
+        var failuresInARow = 0
         while true {
             let accepted: (any LinkChannel)?
             do {
                 accepted = try await unlessStopped { try await listener.accept() } discard: { $0.close() }
             } catch {
-                if !stopped.isFired, !(error is CancellationError) {
-                    let reason = "no longer accepting links: \(Self.message(of: error))"
-                    logger.info("\(reason)", metadata: localMetadata)
-                    core.withLockThenDeliver { core in report(.linkFailed(nil, reason: reason), in: &core) }
-                }
+                if stopped.isFired || error is CancellationError { return }
+                // Resource limits (issue 11): only a closed listener ends the loop; other failures
+                // (no descriptors, no memory) pause and accept again (PeerSession+Limits.swift).
+                if await acceptFailed(error, listener: listener, failuresInARow: &failuresInARow) { continue }
                 return
             }
+            failuresInARow = 0
             guard let channel = accepted else { return }
+            // Resource limits (issue 11): over a link cap the channel is closed at once.
+            guard admitIncoming(channel) else { continue }
             guard case (let id, let link)? = register(channel, dialed: nil) else {
                 channel.close()
                 return
@@ -434,6 +437,7 @@ extension PeerSession {
                 clock: clock, logger: logger)
             core.links[id] = SessionCore.LinkEntry(link: link, dialed: peer)
             core.liveLinks += 1
+            recordLink(channel, in: &core)  // Resource limits (issue 11)
             return (id, link)
         }
     }
@@ -441,6 +445,7 @@ extension PeerSession {
     private func unregister(_ id: LinkID) {
         core.withLockThenDeliver { core in
             core.wakeWriter(id, returning: false)
+            if let link = core.links[id]?.link { core.admission.removed(ObjectIdentifier(link.channel)) }  // Resource limits (issue 11)
             guard core.links.removeValue(forKey: id) != nil else { return }
             core.liveLinks -= 1
             if core.phase == .stopping, core.liveLinks == 0 { core.outbox.add { self.linksDrained.fire() } }
@@ -509,6 +514,7 @@ extension PeerSession {
             }
             entry.established = established
             core.links[id] = entry
+            core.admission.established(ObjectIdentifier(link.channel))  // Resource limits (issue 11)
             logger.debug(
                 "link admitted to the session",
                 metadata: linkMetadata(id, entry).merging(["link.encrypted": "\(established.encrypted)"], uniquingKeysWith: { $1 }))

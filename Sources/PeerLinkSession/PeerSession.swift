@@ -12,8 +12,15 @@ public struct PeerSessionConfiguration: Sendable {
     public var encryption: EncryptionPreference
     /// The session's rules: the number of peers, timeouts, and automatic mode.
     public var policy: SessionPolicy
-    /// Each link's handshake timeout and keep-alive.
+    /// Each link's handshake timeout and keep-alive, and the resource limits (``limits``).
     public var linkPolicy: LinkPolicy
+    /// What peers may make this session hold: links in their handshake and in all, reasons'
+    /// length, … (see ``PeerLinkCore/ResourceLimits`` and the *Reliability* article). Stored in
+    /// ``linkPolicy``, so links and the session keep to the same value.
+    public var limits: ResourceLimits {
+        get { linkPolicy.limits }
+        set { linkPolicy.limits = newValue }
+    }
     /// How long one dial of one endpoint may take.
     public var dialTimeout: Duration
     /// Trust: whether a peer may take part, asked once per link right after its handshake
@@ -61,6 +68,7 @@ public struct PeerSessionConfiguration: Sendable {
         for (name, value) in durations where value <= .zero {
             throw PeerLinkError(.invalidParameter, "the link's \(name) must be longer than zero")
         }
+        try limits.validate()
     }
 }
 

@@ -43,6 +43,10 @@ struct SessionCore: OutboxOwner {
     /// Peers discovery reported found and not lost.
     var found: Set<Fingerprint> = []
 
+    /// The link caps of ``PeerLinkCore/ResourceLimits``: every link by its channel (see
+    /// `PeerSession+Limits.swift`).
+    var admission = LinkAdmission<ObjectIdentifier>()
+
     var timerArmed = false
     var timerDeadline: Duration?
     var timerWakePending = false

@@ -190,7 +190,7 @@ public struct MemoryTransportModule: TransportModule {
     public var kinds: [TransportKind] { [kind] }
     public var endpointSchemes: [EndpointScheme] { [.memory(kind: kind)] }
 
-    public func openLinks() throws(PeerLinkError) -> TransportLinks {
+    public func openLinks(limits: ResourceLimits) throws(PeerLinkError) -> TransportLinks {
         if let error = faults.links { throw error }
         let listener = try network.listen(name: listenerName, kind: kind)
         return TransportLinks(dialer: MemoryTransport(network: network, kind: kind), listeners: [listener])

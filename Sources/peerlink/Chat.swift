@@ -160,10 +160,13 @@ struct Chat: AsyncParsableCommand {
         let node: PeerNode
         do {
             let identity = try peer.loadIdentity()
+            var session = PeerSessionConfiguration(
+                identity: identity, displayName: displayName, serviceType: serviceType,
+                encryption: Self.preference(encryption) ?? .required, policy: SessionPolicy(automatic: invite == nil))
+            // link caps this process's descriptors can hold
+            session.limits = session.limits.fitted(toDescriptorLimit: DescriptorLimit.current()?.soft ?? 1024)
             let configuration = PeerNodeConfiguration(
-                session: PeerSessionConfiguration(
-                    identity: identity, displayName: displayName, serviceType: serviceType,
-                    encryption: Self.preference(encryption) ?? .required, policy: SessionPolicy(automatic: invite == nil)),
+                session: session,
                 transports: choice(logger: logger), ranking: transports.prefer,
                 // Reached at an explicit endpoint, chat runs even where nobody can find it.
                 discoveryRequired: target == nil, knownPeersPath: knownPath, admitOnlyKnownPeers: refuseUnknown)

@@ -16,6 +16,13 @@ struct PeerLinkCommand: AsyncParsableCommand {
             """,
         subcommands: [Radios.self, Advertise.self, Scan.self, Chat.self, Send.self, Receive.self]
     )
+
+    static func main() async {
+        // Resource limits (issue 11): every descriptor the system lets this process have, before
+        // anything opens one (DescriptorLimit; the library does it too, with its first listener).
+        DescriptorLimit.raiseSoftLimit()
+        await main(nil)
+    }
 }
 
 /// Exit statuses of the tool (sysexits.h numbers where one fits).

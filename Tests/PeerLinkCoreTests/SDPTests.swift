@@ -49,6 +49,10 @@ struct SDPTests {
 
     @Test func aUUIDWithABadSizeIsRejected() {
         #expect(throws: SDPElement.DecodingError.badSize(type: 3, sizeIndex: 0)) { try SDPElement(decoding: [0x18, 0x01]) }
+        // Integers have fixed sizes: one written with a length is malformed (found by fuzzing:
+        // it decoded as an unknown element that re-encoded as another integer).
+        #expect(throws: SDPElement.DecodingError.badSize(type: 1, sizeIndex: 5)) { try SDPElement(decoding: [0x0D, 0x01, 0x05]) }
+        #expect(throws: SDPElement.DecodingError.badSize(type: 2, sizeIndex: 6)) { try SDPElement(decoding: [0x16, 0x00, 0x01, 0x05]) }
     }
 
     // Expected values from Python's uuid.uuid5(uuid.NAMESPACE_URL, name), an independent implementation.

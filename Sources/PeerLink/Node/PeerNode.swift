@@ -88,14 +88,15 @@ public final class PeerNode: Sendable {
             throw PeerLinkError(.invalidParameter, "the node has no transport to run: choose at least one")
         }
         for module in modules { module.registerEndpointSchemes() }
-        let trust = try NodeTrust(path: configuration.knownPeersPath, logger: logger)
+        let trust = try NodeTrust(
+            path: configuration.knownPeersPath, limit: configuration.session.limits.maximumKnownPeers, logger: logger)
 
         var notices: [TransportNotice] = []
         var opened: [(module: any TransportModule, links: TransportLinks)] = []
         var failed: [(module: any TransportModule, error: PeerLinkError)] = []
         for module in modules {
             do throws(PeerLinkError) {
-                let links = try module.openLinks()
+                let links = try module.openLinks(limits: configuration.session.limits)
                 opened.append((module, links))
                 notices.append(
                     TransportNotice(
@@ -431,11 +432,13 @@ public final class NodePublication: Sendable {
 final class NodeTrust: Sendable {
     private let peers: Mutex<KnownPeers>
     private let path: String?
+    private let limit: Int
     private let logger: Logger
 
-    init(path: String?, logger: Logger) throws(PeerLinkError) {
+    init(path: String?, limit: Int, logger: Logger) throws(PeerLinkError) {
         peers = Mutex(try path.map { path throws(PeerLinkError) in try KnownPeersStore.load(at: path) } ?? KnownPeers())
         self.path = path
+        self.limit = limit
         self.logger = logger
     }
 
@@ -445,12 +448,14 @@ final class NodeTrust: Sendable {
         peers.withLock { $0.isKnown(peer.fingerprint) }
     }
 
-    /// Judges and remembers `peer`, saving the file.
+    /// Judges and remembers `peer` (keeping to the limit of known peers), saving the file when
+    /// that changed it.
     func meet(_ peer: PeerID) -> KnownPeers.Verdict {
-        let (verdict, snapshot) = peers.withLock { peers in
-            (peers.meet(peer, at: Date().timeIntervalSince1970), peers)
+        let (meeting, snapshot) = peers.withLock { peers in
+            (peers.record(peer, at: Date().timeIntervalSince1970, limit: limit), peers)
         }
-        if let path {
+        let verdict = meeting.verdict
+        if let path, meeting.changed {
             do throws(PeerLinkError) {
                 try KnownPeersStore.save(snapshot, at: path)
             } catch {

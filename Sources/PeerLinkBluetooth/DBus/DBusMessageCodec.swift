@@ -174,3 +174,40 @@ enum DBusMessageCodec {
         }
     }
 }
+
+/// The codec's reading side fed raw bytes, for the fuzzer (`peerlink-fuzz dbus`): bytes that
+/// libdbus accepts as a marshalled message (`dbus_message_demarshal`, which validates them as it
+/// would a message from the bus) are read with ``DBusMessageCodec/arguments(of:)``.
+package enum DBusFuzzing {
+    /// How many arguments the codec read, or nil when libdbus refused the bytes.
+    package static func readArguments(ofMarshalled bytes: [UInt8]) -> Int? {
+        var error = DBusError()
+        dbus_error_init(&error)
+        defer { dbus_error_free(&error) }
+        let message = bytes.withUnsafeBufferPointer { buffer in
+            buffer.withMemoryRebound(to: CChar.self) { dbus_message_demarshal($0.baseAddress, Int32(buffer.count), &error) }
+        }
+        guard let message else { return nil }
+        defer { dbus_message_unref(message) }
+        return DBusMessageCodec.arguments(of: message).count
+    }
+
+    /// A marshalled method call carrying `values`, for seed inputs.
+    package static func marshalledSample() -> [UInt8] {
+        guard let message = dbus_message_new_method_call("org.bluez", "/org/bluez/hci0", "org.freedesktop.DBus.Properties", "GetAll") else { return [] }
+        defer { dbus_message_unref(message) }
+        let values: [DBusValue] = [
+            .string("org.bluez.Adapter1"), .uint32(0x5A020C), .bool(true), .objectPath("/org/bluez/hci0/dev_00_AA_01_00_00_00"),
+            .strings(["0000110a-0000-1000-8000-00805f9b34fb"]),
+            .properties(["Name": .string("pi"), "RSSI": .int16(-40), "Class": .uint32(0x5A020C)]),
+            .array(element: "y", [.byte(1), .byte(2)]), .structure([.int64(-1), .double(0.5), .signature("a{sv}")]),
+        ]
+        DBusMessageCodec.append(values, to: message)
+        dbus_message_set_serial(message, 1)
+        var buffer: UnsafeMutablePointer<CChar>?
+        var length: Int32 = 0
+        guard dbus_message_marshal(message, &buffer, &length) != 0, let buffer else { return [] }
+        defer { dbus_free(buffer) }
+        return buffer.withMemoryRebound(to: UInt8.self, capacity: Int(length)) { Array(UnsafeBufferPointer(start: $0, count: Int(length))) }
+    }
+}

@@ -316,7 +316,8 @@ struct ByteReader {
 
     mutating func reason() throws(PeerLinkError) -> String {
         guard let length = u16(), let text = bytes(Int(length)) else { throw ResourceMessage.malformed("a truncated reason") }
-        return String(decoding: text, as: UTF8.self)
+        // The peer's words reach a terminal: escaped and cut (``PeerText``).
+        return PeerText.sanitized(bytes: text, limit: PeerText.decodedReasonBytes)
     }
 }
 

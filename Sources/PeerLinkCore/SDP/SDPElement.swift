@@ -215,7 +215,8 @@ public indirect enum SDPElement: Hashable, Sendable {
             }
             element = type == 6 ? .sequence(children) : .alternative(children)
         case (8, 5...7): element = .url(data)
-        case (0, _), (3, _), (4, _), (5, _), (6, _), (7, _), (8, _):
+        case (0, _), (1, 5...7), (2, 5...7), (3, _), (4, _), (5, _), (6, _), (7, _), (8, _):
+            // Integers have fixed sizes (indices 0 to 4): one with a length is malformed.
             throw .badSize(type: type, sizeIndex: index)
         default: element = .other(type: type, data: data)
         }

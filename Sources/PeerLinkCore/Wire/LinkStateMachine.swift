@@ -521,6 +521,9 @@ public struct LinkStateMachine: Sendable {
         handshake = nil
         transport = nil
         outstandingPing = nil
+        // Resource limits (issue 11): a peer's reason, sanitised where it was decoded, is cut to
+        // the configured length before it reaches a log or the app.
+        let reason = byPeer ? PeerText.cut(reason, limit: policy.limits.maximumReasonBytes) : reason
         output.append(.closed(code: code, reason: reason, byPeer: byPeer))
     }
 

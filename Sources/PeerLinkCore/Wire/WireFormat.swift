@@ -61,15 +61,20 @@ public struct LinkPolicy: Hashable, Sendable {
     public var keepAliveInterval: Duration
     /// A link on which nothing arrived for this long is dead: closed with code 8.
     public var keepAliveTimeout: Duration
+    /// The resource limits links and the session running them keep to (see ``ResourceLimits``);
+    /// a link cuts the reasons its peer gives to ``ResourceLimits/maximumReasonBytes``.
+    public var limits: ResourceLimits
 
     public init(
         handshakeTimeout: Duration = .seconds(10),
         keepAliveInterval: Duration = .seconds(2),
-        keepAliveTimeout: Duration = .seconds(8)
+        keepAliveTimeout: Duration = .seconds(8),
+        limits: ResourceLimits = .default
     ) {
         self.handshakeTimeout = handshakeTimeout
         self.keepAliveInterval = keepAliveInterval
         self.keepAliveTimeout = keepAliveTimeout
+        self.limits = limits
     }
 
     /// The defaults: 10 s handshake, ping after 2 s idle, dead after 8 s of silence — so a peer
@@ -258,9 +263,11 @@ extension Array where Element == UInt8 {
 
 enum WireText {
     /// Text from the peer shown to people (reasons): invalid UTF-8 becomes U+FFFD rather than
-    /// an error, so a badly encoded reason never hides the code that came with it.
+    /// an error, so a badly encoded reason never hides the code that came with it; what could
+    /// act on a terminal is escaped and the text cut (``PeerText``), so no reason leaves a
+    /// decoder raw or longer than ``PeerText/decodedReasonBytes``.
     static func lenient(_ bytes: some Collection<UInt8>) -> String {
-        String(decoding: bytes, as: UTF8.self)
+        PeerText.sanitized(bytes: bytes, limit: PeerText.decodedReasonBytes)
     }
 
     /// Strict UTF-8, or nil.

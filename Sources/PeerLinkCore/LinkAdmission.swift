@@ -1,0 +1,188 @@
+/// The link caps of ``ResourceLimits``, as a pure bookkeeper: which links a session holds, which
+/// of them are still in their handshake and where incoming ones come from, and whether one more
+/// incoming link may come in.
+///
+/// Its owner (a session) records every link it runs, keyed by any hashable value that stays
+/// unique while the link lives, and asks ``admit(_:from:limits:at:)`` before it runs an incoming
+/// link. The answer:
+///
+/// - over the links-per-address cap (in their handshake, or in all): refused;
+/// - at the handshake cap (or the total cap) while incoming links are in their handshake: admitted,
+///   and the oldest incoming link in its handshake from the address holding the most of them
+///   makes room (the owner closes it). A flood of connections that never finish their
+///   handshake keeps at most the cap busy, each of them for a short while: an honest peer's
+///   handshake, which takes milliseconds, gets through;
+/// - at the total cap with no incoming link in its handshake: refused.
+///
+/// Refusals are counted; ``Decision/logSummary`` says when a summary is due at info level (at
+/// most once per ``summaryInterval``), so a flood never floods the log.
+public struct LinkAdmission<Key: Hashable & Sendable>: Sendable {
+    /// What becomes of an incoming link.
+    public enum Verdict: Hashable, Sendable {
+        /// Run it.
+        case admit
+        /// Run it, and close `key`'s link (in its handshake) to make room.
+        case admitEvicting(Key)
+        /// Close it at once, for `reason`.
+        case refuse(reason: String)
+    }
+
+    /// An answer of ``admit(_:from:limits:at:)``.
+    public struct Decision: Hashable, Sendable {
+        public var verdict: Verdict
+        /// Set when an info-level summary is due: links refused or evicted since the last one.
+        public var logSummary: Usage?
+    }
+
+    /// What the caps have done and what the session holds now.
+    public struct Usage: Hashable, Sendable {
+        /// Links recorded and not yet removed.
+        public var links = 0
+        /// Of those, links in their handshake.
+        public var handshaking = 0
+        /// Incoming links refused since the start (or since the last summary, in a summary).
+        public var refused = 0
+        /// Incoming links in their handshake closed to make room for a newer one.
+        public var evicted = 0
+
+        public init(links: Int = 0, handshaking: Int = 0, refused: Int = 0, evicted: Int = 0) {
+            self.links = links
+            self.handshaking = handshaking
+            self.refused = refused
+            self.evicted = evicted
+        }
+    }
+
+    private struct Entry {
+        let origin: String?
+        let incoming: Bool
+        var handshaking: Bool
+        let order: UInt64
+    }
+
+    /// At most one info-level summary of refusals per this much time.
+    public static var summaryInterval: Duration { .seconds(10) }
+
+    private var entries: [Key: Entry] = [:]
+    private var nextOrder: UInt64 = 0
+    private var totals = Usage()
+    private var sinceSummary = Usage()
+    private var lastSummary: Duration?
+
+    public init() {}
+
+    /// Counts now (links, in their handshake) and since the start (refused, evicted).
+    public var usage: Usage {
+        var usage = totals
+        usage.links = entries.count
+        usage.handshaking = entries.values.count { $0.handshaking }
+        return usage
+    }
+
+    /// Decides about a new incoming link `key` from `origin` (see ``origin(ofRemote:)``); an
+    /// admitted link is recorded, in its handshake.
+    public mutating func admit(_ key: Key, from origin: String?, limits: ResourceLimits, at now: Duration) -> Decision {
+        let verdict = decide(origin: origin, limits: limits)
+        switch verdict {
+        case .admit:
+            record(key, origin: origin, incoming: true)
+        case .admitEvicting(let victim):
+            entries[victim] = nil
+            totals.evicted += 1
+            sinceSummary.evicted += 1
+            record(key, origin: origin, incoming: true)
+        case .refuse:
+            totals.refused += 1
+            sinceSummary.refused += 1
+        }
+        var summary: Usage?
+        if verdict != .admit, lastSummary.map({ now - $0 >= Self.summaryInterval }) ?? true {
+            summary = sinceSummary
+            summary?.links = entries.count
+            summary?.handshaking = entries.values.count { $0.handshaking }
+            sinceSummary = Usage()
+            lastSummary = now
+        }
+        return Decision(verdict: verdict, logSummary: summary)
+    }
+
+    /// Records a link the owner runs without asking (one it dialled): it counts towards the
+    /// caps, and is never evicted. Recording a key again changes nothing.
+    public mutating func opened(_ key: Key, from origin: String?) {
+        guard entries[key] == nil else { return }
+        record(key, origin: origin, incoming: false)
+    }
+
+    /// The link finished its handshake.
+    public mutating func established(_ key: Key) {
+        entries[key]?.handshaking = false
+    }
+
+    /// The link is gone (or never ran).
+    public mutating func removed(_ key: Key) {
+        entries[key] = nil
+    }
+
+    /// Whether `key` is recorded (and not evicted).
+    public func contains(_ key: Key) -> Bool { entries[key] != nil }
+
+    private mutating func record(_ key: Key, origin: String?, incoming: Bool) {
+        entries[key] = Entry(origin: origin, incoming: incoming, handshaking: true, order: nextOrder)
+        nextOrder += 1
+    }
+
+    private func decide(origin: String?, limits: ResourceLimits) -> Verdict {
+        let here = entries.values.filter { origin != nil && $0.origin == origin }
+        if let origin {
+            let handshakingHere = here.count { $0.handshaking && $0.incoming }
+            if handshakingHere >= limits.maximumHandshakingLinksPerAddress {
+                return .refuse(
+                    reason: "too many links from \(origin) in their handshake (\(limits.maximumHandshakingLinksPerAddress))")
+            }
+            if here.count >= limits.maximumLinksPerAddress {
+                return .refuse(reason: "too many links from \(origin) (\(limits.maximumLinksPerAddress))")
+            }
+        }
+        let handshaking = entries.values.count { $0.handshaking }
+        let atHandshakeCap = handshaking >= limits.maximumHandshakingLinks
+        let atTotalCap = entries.count >= limits.maximumLinks
+        guard atHandshakeCap || atTotalCap else { return .admit }
+        if let victim = oldestEvictable() { return .admitEvicting(victim) }
+        return .refuse(
+            reason: atTotalCap
+                ? "too many links (\(limits.maximumLinks))"
+                : "too many links in their handshake (\(limits.maximumHandshakingLinks))")
+    }
+
+    /// The oldest incoming link in its handshake from the origin holding the most of them.
+    private func oldestEvictable() -> Key? {
+        var perOrigin: [String: Int] = [:]
+        for entry in entries.values where entry.incoming && entry.handshaking {
+            perOrigin[entry.origin ?? "", default: 0] += 1
+        }
+        guard let most = perOrigin.values.max() else { return nil }
+        return entries
+            .filter { $0.value.incoming && $0.value.handshaking && perOrigin[$0.value.origin ?? ""] == most }
+            .min { $0.value.order < $1.value.order }?
+            .key
+    }
+
+    /// Where an incoming link comes from, for the per-address caps: the host of a
+    /// `tcp://HOST:PORT` description, the device address of a `bt://…` one; nil when the
+    /// description says nothing usable (then only the session-wide caps apply).
+    public static func origin(ofRemote description: String) -> String? {
+        if let endpoint = try? Endpoint(parsing: description) {
+            switch endpoint {
+            case .tcp(let host, _): return host
+            case .rfcomm(let address, _), .l2cap(let address, _): return address.description
+            case .memory: return nil
+            }
+        }
+        if description.hasPrefix("bt://") {
+            let rest = description.dropFirst(5)
+            let address = rest.prefix { $0 != "/" }
+            return address.isEmpty ? nil : String(address)
+        }
+        return nil
+    }
+}
