@@ -116,7 +116,7 @@ let package = Package(
         // it is libFuzzer itself. The normal build and tests never need libFuzzer.
         .executableTarget(
             name: "peerlink-fuzz",
-            dependencies: ["PeerLinkCore", "PeerLinkBluetooth"],
+            dependencies: ["PeerLinkCore", "PeerLinkPosix", "PeerLinkBluetooth"],
             swiftSettings: strict
         ),
 

@@ -54,6 +54,8 @@ public struct BluetoothEndpoint: EndpointAddress {
         case .l2cap(let psm): return ["address": .text(address.description), "psm": .number(Int(psm.value))]
         }
     }
+
+    public var origin: String? { address.description }
 }
 
 extension Endpoint {

@@ -17,7 +17,7 @@ extension BluetoothErrors {
         case ECONNREFUSED:
             return PeerLinkError(
                 .unavailable,
-                "nothing listens on \(kind.rawValue.uppercased()) \(kind.portName) \(kind.portDescription(port)) at \(address): is the peer running, and on that \(kind.portName)?")
+                "nothing listens on \(kind.rawValue.uppercased()) \(kind.portName) \(kind.portDescription(port)) at \(address), or it did not accept the link's pairing: is the peer running, and on that \(kind.portName)? If a pairing prompt appeared on it, accept it")
         case ETIMEDOUT:
             return PeerLinkError(
                 .timedOut,
@@ -28,7 +28,7 @@ extension BluetoothErrors {
                 "\(address) is not in range or not connectable (\(strerror(error))): bring it closer, switch its Bluetooth on and make it connectable (bluetoothctl: power on, pairable on)")
         case EACCES, EPERM:
             return PeerLinkError(
-                .unavailable, "the system refused the link to \(endpoint) (\(strerror(error))): the device may need pairing first (bluetoothctl pair \(address))")
+                .unavailable, "pairing with \(address) for \(endpoint) failed or was declined (\(strerror(error))): if a pairing prompt appeared on either machine, accept it (PeerLink pairs without keeping a bond); if this machine keeps an old bond with it, remove it (bluetoothctl remove \(address))")
         case ECONNRESET, ECONNABORTED:
             return PeerLinkError(
                 .unavailable, "\(address) dropped the link to \(endpoint) while it was set up: try again, or check the device accepts links")

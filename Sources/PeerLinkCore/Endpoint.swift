@@ -53,10 +53,15 @@ public protocol EndpointAddress: Hashable, Sendable, CustomStringConvertible {
     var kind: TransportKind { get }
     /// The address's parts by name, for scripts (`host`, `port`; `address`, `channel`…).
     var fields: [String: EndpointField] { get }
+    /// The machine the address leads to (a TCP host, a Bluetooth device address): incoming
+    /// links from one origin share the per-address caps of ``ResourceLimits``. Nil (the
+    /// default) when the transport has no such notion; then only session-wide caps apply.
+    var origin: String? { get }
 }
 
 extension EndpointAddress {
     public var fields: [String: EndpointField] { [:] }
+    public var origin: String? { nil }
 
     fileprivate func isEqual(to other: any EndpointAddress) -> Bool {
         guard let other = other as? Self else { return false }

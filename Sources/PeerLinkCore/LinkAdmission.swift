@@ -171,13 +171,7 @@ public struct LinkAdmission<Key: Hashable & Sendable>: Sendable {
     /// `tcp://HOST:PORT` description, the device address of a `bt://…` one; nil when the
     /// description says nothing usable (then only the session-wide caps apply).
     public static func origin(ofRemote description: String) -> String? {
-        if let endpoint = try? Endpoint(parsing: description) {
-            switch endpoint {
-            case .tcp(let host, _): return host
-            case .rfcomm(let address, _), .l2cap(let address, _): return address.description
-            case .memory: return nil
-            }
-        }
+        if let endpoint = try? Endpoint(parsing: description) { return endpoint.address.origin }
         if description.hasPrefix("bt://") {
             let rest = description.dropFirst(5)
             let address = rest.prefix { $0 != "/" }

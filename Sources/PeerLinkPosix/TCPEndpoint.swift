@@ -23,6 +23,8 @@ public struct TCPEndpoint: EndpointAddress {
     }
 
     public var fields: [String: EndpointField] { ["host": .text(host), "port": .number(Int(port))] }
+
+    public var origin: String? { host }
 }
 
 extension Endpoint {

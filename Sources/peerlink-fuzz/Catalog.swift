@@ -1,6 +1,7 @@
 import Foundation
 import PeerLinkBluetooth
 import PeerLinkCore
+import PeerLinkPosix
 
 /// Every fuzz target, by name. Each reads what a peer (or a file on disk) could hand PeerLink.
 enum Catalog {
@@ -360,10 +361,12 @@ enum Catalog {
     static let endpoint = FuzzTarget(
         name: "endpoint", summary: "endpoints as typed or advertised (Endpoint(parsing:))",
         run: { bytes in
-            guard let endpoint = try? Endpoint(parsing: String(decoding: bytes, as: UTF8.self)) else { return }
+            let schemes: [EndpointScheme] = [.tcp, .bluetooth]
+            guard let endpoint = try? Endpoint(parsing: String(decoding: bytes, as: UTF8.self), schemes: schemes) else { return }
             _ = endpoint.description
-            if case .tcp = endpoint { return }  // any text is taken as a host name: not a fixed point
-            check((try? Endpoint(parsing: endpoint.description)) == endpoint, "an endpoint changes in a round trip: \(endpoint)")
+            _ = endpoint.address.fields
+            if endpoint.kind == .tcp { return }  // any text is taken as a host name: not a fixed point
+            check((try? Endpoint(parsing: endpoint.description, schemes: schemes)) == endpoint, "an endpoint changes in a round trip: \(endpoint)")
         },
         seeds: { ["tcp://127.0.0.1:4000", "tcp://[::1]:4000", "bt://00:AA:01:00:00:00/l2cap/0x1001", "bt://00:AA:01:00:00:00/rfcomm/3", "memory://x"].map { Array($0.utf8) } })
 
