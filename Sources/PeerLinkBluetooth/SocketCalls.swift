@@ -56,9 +56,10 @@ enum BTSocket {
     /// A new socket of `kind` (close-on-exec), asking for security level *low*.
     ///
     /// Level low means an unauthenticated link key and no bonding: with Secure Simple Pairing
-    /// the kernel pairs each new ACL link "Just Works", with no agent and no prompt on either
-    /// side (neither side asks for MITM protection), encrypts the link as SSP requires, and
-    /// forgets the key when the link goes — no bond is stored. PeerLink authenticates and
+    /// the kernel pairs each new ACL link "Just Works" without an agent or a prompt (when both
+    /// machines' agents can display and confirm, the kernel itself asks for MITM protection and
+    /// the users confirm a number instead), encrypts the link as SSP requires, and forgets the
+    /// key when the link goes — no bond is stored. PeerLink authenticates and
     /// encrypts every link itself (Noise), so asking Bluetooth for more (medium: a bond; high:
     /// MITM protection, i.e. a PIN or a confirmation by the user) would only add prompts. It is
     /// also the kernel's default; it is set here so the choice is written down.

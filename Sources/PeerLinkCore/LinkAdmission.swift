@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The link caps of ``ResourceLimits``, as a pure bookkeeper: which links a session holds, which
 /// of them are still in their handshake and where incoming ones come from, and whether one more
 /// incoming link may come in.
@@ -167,16 +171,34 @@ public struct LinkAdmission<Key: Hashable & Sendable>: Sendable {
             .key
     }
 
-    /// Where an incoming link comes from, for the per-address caps: the host of a
-    /// `tcp://HOST:PORT` description, the device address of a `bt://…` one; nil when the
-    /// description says nothing usable (then only the session-wide caps apply).
+    /// Where an incoming link comes from, for the per-address caps: the origin of its endpoint
+    /// (``EndpointAddress/origin``: the host of a `tcp://HOST:PORT` description, the device
+    /// address of a `bt://…` one) when a registered scheme reads the description, else the
+    /// authority of a `SCHEME://AUTHORITY/…` text without its port (a session may run without
+    /// any scheme registered); nil when the description says nothing usable (then only the
+    /// session-wide caps apply).
     public static func origin(ofRemote description: String) -> String? {
-        if let endpoint = try? Endpoint(parsing: description) { return endpoint.address.origin }
-        if description.hasPrefix("bt://") {
-            let rest = description.dropFirst(5)
-            let address = rest.prefix { $0 != "/" }
-            return address.isEmpty ? nil : String(address)
+        if let endpoint = try? Endpoint(parsing: description), let origin = endpoint.address.origin { return origin }
+        guard let separator = description.range(of: "://") else { return nil }
+        let authority = description[separator.upperBound...].prefix { $0 != "/" }
+        if authority.hasPrefix("[") {
+            // [IPv6]:PORT
+            guard let close = authority.firstIndex(of: "]") else { return nil }
+            let host = authority[authority.index(after: authority.startIndex)..<close]
+            return host.isEmpty ? nil : String(host)
         }
-        return nil
+        // HOST:PORT has one colon; a device address (00:AA:01:00:00:00) has five and no port
+        let host = authority.count(where: { $0 == ":" }) == 1 ? authority.prefix { $0 != ":" } : authority
+        return isMachineAddress(host) ? String(host) : nil
+    }
+
+    /// A numeric IP address (the zone of a link-local IPv6 one included) or a Bluetooth device
+    /// address: something that names one machine.
+    static func isMachineAddress(_ text: Substring) -> Bool {
+        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
+        if parts.count == 6, parts.allSatisfy({ $0.count == 2 && $0.allSatisfy(\.isHexDigit) }) { return true }
+        let address = text.prefix { $0 != "%" }
+        var v4 = in_addr(), v6 = in6_addr()
+        return inet_pton(AF_INET, String(address), &v4) == 1 || inet_pton(AF_INET6, String(address), &v6) == 1
     }
 }

@@ -250,7 +250,7 @@ struct DaemonRestartTests {
         try await AvahiDaemonGate.shared.exclusive {
             defer { DaemonsScript.ensureAvahiRunning() }
             let service = TestHost.uniqueServiceType("r")
-            let advertiser = try ChildProcess.peerlink(["advertise", "--name", "Phoenix", "--service", service])
+            let advertiser = try ChildProcess.peerlink(["advertise", "--name", "Phoenix", "--service", service, "--transport", "lan"])
             try await advertiser.waitForLine(containing: "Published as \"Phoenix\"")
             let id = try await advertiser.advertisedID()
             let before = advertiser.stdoutLines.count
