@@ -129,11 +129,11 @@ struct BluetoothFileTests {
                 let ended = await progress.value
                 throw HarnessError("the transfer ended before 1 MiB was sent: \(ended?.message ?? "it was sent whole")")
             }
-            try await BluetoothLab.hciconfig(0, ["down"])
+            try await BluetoothLab.power(0, on: false)
             adapterDown = true
             try await client.waitForState(peer, .notConnected, within: .seconds(60))
             try await server.waitForState(client.session.localPeer, .notConnected, within: .seconds(60))
-            try await BluetoothLab.hciconfig(0, ["up"])
+            try await BluetoothLab.power(0, on: true)
             adapterDown = false
             try await BluetoothLab.forgetDeadLinks(1)
             _ = try await Self.reconnect(client, server, endpoint)
@@ -153,7 +153,7 @@ struct BluetoothFileTests {
             #expect(try FileManager.default.contentsOfDirectory(atPath: receiving.directory) == ["payload.bin"], "no partial files remain")
         } catch {
             if adapterDown {
-                try? await BluetoothLab.hciconfig(0, ["up"])
+                try? await BluetoothLab.power(0, on: true)
             }
             await client.stop()
             await server.stop()

@@ -4,8 +4,8 @@ import Testing
 
 /// Bluetooth as distributions ship it (the lab's bluetoothd is Debian's, started as its service
 /// starts it; Secure Simple Pairing on; adapters powered, not discoverable, not pairable):
-/// PeerLink's links pair on their own, and a pairing PeerLink did not ask for is not accepted.
-/// (The stale bond and the desktop agent: ``BluetoothFreshLabTests``.)
+/// the adapter is held discoverable while PeerLink advertises. (Pairing itself — no bond left, a
+/// stale bond, an unrelated pairing, a desktop's agent — is in ``BluetoothFreshLabTests``.)
 @Suite(
     "Bluetooth pairing in the stock configuration", .serialized,
     .enabled(if: DiscoveryLab.enabled && DiscoveryLab.managed.count >= 2, "runs in the Bluetooth VM lab only, with bluetoothd"),
@@ -38,19 +38,6 @@ struct BluetoothPairingLabTests {
         advertiser.child.signal(SIGINT)
         #expect(try await advertiser.child.waitForExit(timeout: .seconds(30)) == 0)
         #expect(try await BluetoothLab.adapterProperty(adapter, "Discoverable") == false, "not restored after the advertiser stopped")
-    }
-
-    @Test("a pairing PeerLink did not ask for is refused while PeerLink listens (no agent: the adapter is not pairable)")
-    func unrelatedPairingIsRefused() async throws {
-        let chat = try ChildProcess.peerlink(
-            ["chat", "--name", "paula", "--transport", "bluetooth", "--adapter", "hci0"], withInput: true)
-        defer { chat.terminate() }
-        _ = try await chat.waitForStderrLine(containing: "Advertising over Bluetooth", timeout: .seconds(60))
-        let result = try await BluetoothLab.pair(from: 1, to: 0)
-        #expect(result.status != 0, "an unrelated bonding pairing was accepted:\n\(result.stdout)\(result.stderr)")
-        #expect(try await BluetoothLab.isPaired(on: 0) == false)
-        chat.closeInput()
-        #expect(try await chat.waitForExit(timeout: .seconds(30)) == 0)
     }
 
     /// Two `peerlink chat --transport bluetooth`, one per controller, find each other over SDP
@@ -133,25 +120,53 @@ struct BluetoothFreshLabTests {
         try await BluetoothPairingLabTests.twoChatsTalk()
     }
 
+    @Test("a pairing PeerLink did not ask for is refused while PeerLink listens (no agent: the adapter is not pairable)")
+    func unrelatedPairingIsRefused() async throws {
+        let chat = try ChildProcess.peerlink(
+            ["chat", "--name", "paula", "--transport", "bluetooth", "--adapter", "hci0"], withInput: true)
+        defer { chat.terminate() }
+        _ = try await chat.waitForStderrLine(containing: "Advertising over Bluetooth", timeout: .seconds(60))
+        let result = try await BluetoothLab.pair(from: 1, to: 0)
+        #expect(result.status != 0, "an unrelated bonding pairing was accepted:\n\(result.stdout)\(result.stderr)")
+        #expect(try await BluetoothLab.isPaired(on: 0) == false)
+        chat.closeInput()
+        #expect(try await chat.waitForExit(timeout: .seconds(30)) == 0)
+    }
+
     /// A desktop runs a pairing agent that asks its user (here: one that records every request
-    /// and rejects it). PeerLink's own links never reach it; a pairing somebody else starts does.
-    @Test("with a desktop's pairing agent: PeerLink's links never ask it; an unrelated pairing goes to it and is refused")
-    func desktopAgentIsAskedOnlyAboutOthersPairings() async throws {
-        let agent = try await BluetoothLab.RecordingAgent.start()
+    /// and answers as the test tells it). Between two machines whose agents can display and
+    /// confirm, the kernel asks for protection against a man in the middle, so a PeerLink link
+    /// is put to the users as a numeric comparison once per link (Just Works needs one side
+    /// without input or output, like a Pi without a desktop). Confirmed, the chats talk and no
+    /// bond is kept; a pairing somebody else starts goes to the agent too, and a "no" refuses it.
+    @Test("with desktop pairing agents: a PeerLink link is a numeric comparison the users confirm, no bond is kept, a declined pairing fails")
+    func desktopAgentConfirmsLinks() async throws {
+        let agent = try await BluetoothLab.RecordingAgent.start(accepting: true)
         defer { agent.stop() }
         try await BluetoothPairingLabTests.twoChatsTalk()
-        #expect(agent.requests.isEmpty, "PeerLink's links asked the user's agent: \(agent.requests)")
+        #expect(
+            agent.requests.allSatisfy { $0.hasPrefix("request RequestConfirmation") },
+            "PeerLink's links asked the agent for more than a confirmation: \(agent.requests)")
+        for _ in 0..<40 {
+            let held = try await BluetoothLab.isPaired(on: 0)
+            if !held, try await !BluetoothLab.isPaired(on: 1) { break }
+            try await Task.sleep(for: .milliseconds(500))
+        }
+        #expect(try await BluetoothLab.isPaired(on: 0) == false, "a confirmed PeerLink link left a bond on hci0")
+        #expect(try await BluetoothLab.isPaired(on: 1) == false, "a confirmed PeerLink link left a bond on hci1")
 
-        // The user's agent makes the adapter pairable; an unrelated pairing is put to it.
+        // The user's agent makes the adapter pairable; an unrelated pairing is put to it, and declined.
+        try agent.answer(accepting: false)
+        let asked = agent.requests.count
         try await BluetoothLab.setAdapterProperty(0, "Pairable", true)
         defer { Task { try? await BluetoothLab.setAdapterProperty(0, "Pairable", false) } }
         let hold = try BluetoothVisibilityHold.acquire(adapter: "hci0")
         defer { hold?.release() }
         let result = try await BluetoothLab.pair(from: 1, to: 0)
-        #expect(result.status != 0, "the agent rejected it, so the pairing must fail:\n\(result.stdout)\(result.stderr)")
-        #expect(!agent.requests.isEmpty, "the pairing never reached the user's agent")
+        #expect(result.status != 0, "the agent declined it, so the pairing must fail:\n\(result.stdout)\(result.stderr)")
+        #expect(agent.requests.count > asked, "the pairing never reached the user's agent")
+        #expect(try await BluetoothLab.isPaired(on: 0) == false)
     }
-
 }
 
 extension BluetoothLab {
@@ -233,18 +248,28 @@ extension BluetoothLab {
     }
 
     /// A pairing agent like a desktop's (`DisplayYesNo`, the default agent), run by the lab's
-    /// Python: it records every request and rejects it.
+    /// Python: it records every request and accepts or declines it as `answer(accepting:)` last said.
     final class RecordingAgent: @unchecked Sendable {
         let child: ChildProcess
+        let decisionPath: String
 
-        init(child: ChildProcess) { self.child = child }
+        init(child: ChildProcess, decisionPath: String) {
+            self.child = child
+            self.decisionPath = decisionPath
+        }
 
-        static func start() async throws -> RecordingAgent {
-            let path = TestHost.temporaryDirectory("agent") + "/agent.py"
+        static func start(accepting: Bool) async throws -> RecordingAgent {
+            let directory = TestHost.temporaryDirectory("agent")
+            let path = directory + "/agent.py", decisionPath = directory + "/decision"
             try script.write(toFile: path, atomically: true, encoding: .utf8)
-            let child = try ChildProcess("/usr/bin/python3", ["-u", path])
+            try (accepting ? "accept" : "decline").write(toFile: decisionPath, atomically: true, encoding: .utf8)
+            let child = try ChildProcess("/usr/bin/python3", ["-u", path, decisionPath])
             _ = try await child.waitForLine(containing: "agent registered", timeout: .seconds(30))
-            return RecordingAgent(child: child)
+            return RecordingAgent(child: child, decisionPath: decisionPath)
+        }
+
+        func answer(accepting: Bool) throws {
+            try (accepting ? "accept" : "decline").write(toFile: decisionPath, atomically: true, encoding: .utf8)
         }
 
         /// The requests the agent got (`RequestConfirmation`, `RequestAuthorization`, …).
@@ -253,14 +278,16 @@ extension BluetoothLab {
         func stop() { child.terminate() }
 
         static let script = """
-            import dbus, dbus.service, dbus.mainloop.glib
+            import sys, dbus, dbus.service, dbus.mainloop.glib
             from gi.repository import GLib
             dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
             bus = dbus.SystemBus()
+            decision = sys.argv[1]
             class Agent(dbus.service.Object):
                 def ask(self, what):
                     print("request " + what, flush=True)
-                    raise dbus.DBusException("org.bluez.Error.Rejected", "the user said no")
+                    if open(decision).read().strip() != "accept":
+                        raise dbus.DBusException("org.bluez.Error.Rejected", "the user said no")
                 @dbus.service.method("org.bluez.Agent1", in_signature="ou", out_signature="")
                 def RequestConfirmation(self, device, passkey): self.ask("RequestConfirmation %s %06d" % (device, passkey))
                 @dbus.service.method("org.bluez.Agent1", in_signature="o", out_signature="")
@@ -268,9 +295,13 @@ extension BluetoothLab {
                 @dbus.service.method("org.bluez.Agent1", in_signature="os", out_signature="")
                 def AuthorizeService(self, device, uuid): self.ask("AuthorizeService %s %s" % (device, uuid))
                 @dbus.service.method("org.bluez.Agent1", in_signature="o", out_signature="s")
-                def RequestPinCode(self, device): self.ask("RequestPinCode " + device)
+                def RequestPinCode(self, device):
+                    self.ask("RequestPinCode " + device)
+                    return "0000"
                 @dbus.service.method("org.bluez.Agent1", in_signature="o", out_signature="u")
-                def RequestPasskey(self, device): self.ask("RequestPasskey " + device)
+                def RequestPasskey(self, device):
+                    self.ask("RequestPasskey " + device)
+                    return dbus.UInt32(0)
                 @dbus.service.method("org.bluez.Agent1", in_signature="ouq", out_signature="")
                 def DisplayPasskey(self, device, passkey, entered): print("request DisplayPasskey", flush=True)
                 @dbus.service.method("org.bluez.Agent1", in_signature="os", out_signature="")

@@ -42,6 +42,18 @@ enum BluetoothLab {
         }
     }
 
+    /// Switches adapter `index` off or on the way a user does (`bluetoothctl power off|on`:
+    /// bluetoothd's `Powered`), so bluetoothd closes the adapter's links and forgets their
+    /// pairings as on a real machine; `hciconfig` where bluetoothd does not run.
+    static func power(_ index: Int, on: Bool) async throws {
+        let tool = TestHost.which("dbus-send") ?? "/usr/bin/dbus-send"
+        let result = try await runCommand(
+            tool,
+            ["--system", "--print-reply", "--dest=org.bluez", "/org/bluez/hci\(index)", "org.freedesktop.DBus.Properties.Set",
+             "string:org.bluez.Adapter1", "string:Powered", "variant:boolean:\(on)"], timeout: .seconds(20))
+        if result.status != 0 { try await hciconfig(index, [on ? "up" : "down"]) }
+    }
+
     /// Makes adapter `index` forget links whose other end was reset, as a real controller's link
     /// supervision timeout (about 20 s) does. The lab's virtual controllers (btvirt) never time
     /// a link out and refuse to disconnect one whose other end they dropped: after `hciconfig
