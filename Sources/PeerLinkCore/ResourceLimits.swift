@@ -7,8 +7,8 @@
 /// or a Raspberry Pi. ``fitted(toDescriptorLimit:)`` shrinks the link caps to what a process's
 /// descriptor limit can hold.
 ///
-/// The DocC article *Reliability* lists every limit, its default, what happens when it is
-/// reached and which part of PeerLink enforces it.
+/// The DocC article *Limits* lists every limit, its default, what happens when it is reached
+/// and which part of PeerLink enforces it.
 public struct ResourceLimits: Hashable, Sendable {
     // MARK: Links
 
@@ -30,45 +30,23 @@ public struct ResourceLimits: Hashable, Sendable {
     /// Links of any kind from one remote address. Default 32 (several peers may share a host).
     public var maximumLinksPerAddress: Int
 
-    /// A write that makes no progress (the kernel takes no byte of it) for this long closes the
-    /// link and its socket: a peer that stops reading cannot pin a descriptor and its send
-    /// queue. Default 15 s.
+    /// How long one write of at most 32 KiB may wait for the transport to take it: beyond it the
+    /// link is closed (`GO_AWAY` 11) and its socket with it, so a peer that stops reading cannot
+    /// pin a descriptor and its send queue. (32 KiB in 15 s is about 2 KiB/s: slower than any
+    /// working Bluetooth link.) Default 15 s.
     public var writeProgressTimeout: Duration
 
     // MARK: Memory
 
     /// Bytes of reliable messages received in part (chunks waiting for the rest of their
-    /// message) on one link. At least one whole message (``WireFormat/maxMessageLength``,
-    /// 16 MiB). Default 32 MiB.
+    /// message) on one link: a link that goes over it is closed (`GO_AWAY` 11) and what it held
+    /// dropped. At least one whole message (``WireFormat/maxMessageLength``, 16 MiB). Default
+    /// 32 MiB.
     public var maximumPartialMessageBytesPerLink: Int
 
-    /// Bytes of reliable messages received in part, all links of a session together. Default
-    /// 64 MiB.
+    /// Bytes of reliable messages received in part, all links of a session together: the link
+    /// whose chunk goes over it is closed (`GO_AWAY` 11). Default 64 MiB.
     public var maximumPartialMessageBytesPerSession: Int
-
-    /// Session events (messages, state changes, …) waiting for the app to take them. Default
-    /// 1024.
-    public var maximumQueuedEvents: Int
-
-    /// What happens to an event that finds the event queue full. Default ``EventQueuePolicy/backPressure``.
-    public var eventQueuePolicy: EventQueuePolicy
-
-    /// What a session does with an event when ``maximumQueuedEvents`` are waiting.
-    public enum EventQueuePolicy: Hashable, Sendable, CustomStringConvertible {
-        /// The link the event came from stops reading until there is room again: its peer is
-        /// held back by the transport's own flow control; nothing is lost. The default.
-        case backPressure
-        /// The link the event came from is closed (`GO_AWAY` 1, "the app does not keep up");
-        /// events already queued are kept.
-        case closeLink
-
-        public var description: String {
-            switch self {
-            case .backPressure: "back-pressure"
-            case .closeLink: "close the link"
-            }
-        }
-    }
 
     // MARK: Text and files
 
@@ -101,8 +79,6 @@ public struct ResourceLimits: Hashable, Sendable {
         writeProgressTimeout: Duration = .seconds(15),
         maximumPartialMessageBytesPerLink: Int = 32 * 1024 * 1024,
         maximumPartialMessageBytesPerSession: Int = 64 * 1024 * 1024,
-        maximumQueuedEvents: Int = 1024,
-        eventQueuePolicy: EventQueuePolicy = .backPressure,
         maximumReasonBytes: Int = 256,
         maximumKnownPeers: Int = 1024,
         reservedDescriptors: Int = 32,
@@ -115,8 +91,6 @@ public struct ResourceLimits: Hashable, Sendable {
         self.writeProgressTimeout = writeProgressTimeout
         self.maximumPartialMessageBytesPerLink = maximumPartialMessageBytesPerLink
         self.maximumPartialMessageBytesPerSession = maximumPartialMessageBytesPerSession
-        self.maximumQueuedEvents = maximumQueuedEvents
-        self.eventQueuePolicy = eventQueuePolicy
         self.maximumReasonBytes = maximumReasonBytes
         self.maximumKnownPeers = maximumKnownPeers
         self.reservedDescriptors = reservedDescriptors
@@ -153,7 +127,6 @@ public struct ResourceLimits: Hashable, Sendable {
         try require(
             maximumPartialMessageBytesPerSession >= maximumPartialMessageBytesPerLink,
             "maximumPartialMessageBytesPerSession must be at least maximumPartialMessageBytesPerLink (\(maximumPartialMessageBytesPerLink)), not \(maximumPartialMessageBytesPerSession)")
-        try require(maximumQueuedEvents >= 1, "maximumQueuedEvents must be at least 1, not \(maximumQueuedEvents)")
         try require(
             (Self.minimumReasonBytes...PeerText.decodedReasonBytes).contains(maximumReasonBytes),
             "maximumReasonBytes must be \(Self.minimumReasonBytes) to \(PeerText.decodedReasonBytes), not \(maximumReasonBytes)")

@@ -97,6 +97,10 @@ public final class Link: Sendable {
     /// The most bytes the writer seals and writes at once: what a message that arrives during a
     /// bulk transfer may wait behind (besides what the kernel holds).
     static let batchLimit = 2 * WireFormat.maxFramePayload
+    /// How long one write of at most ``batchLimit`` bytes may wait for the transport to take it
+    /// (``ResourceLimits/writeProgressTimeout``) before the link is closed with code 11: a peer
+    /// that stops reading cannot hold the link, its descriptor and its queue for ever.
+    public let writeProgressTimeout: Duration
 
     let eventSink: AsyncStream<Event>.Continuation
     let clock: LinkClock
@@ -131,6 +135,7 @@ public final class Link: Sendable {
         self.maxQueuedBytes = max(1, maxQueuedBytes)
         self.maxQueuedDataBytes = max(1, maxQueuedDataBytes)
         self.clock = LinkClock(clock)
+        writeProgressTimeout = policy.limits.writeProgressTimeout
         var logger = logger
         logger[metadataKey: "transport"] = "\(channel.transport)"
         logger[metadataKey: "link.remote"] = "\(channel.remoteDescription)"
@@ -370,13 +375,23 @@ public final class Link: Sendable {
     private func writeLoop() async {
         while let batch = await nextBatch() {
             do {
-                try await channel.write(batch)
+                // Pieces of at most batchLimit bytes, each with its own write deadline: what was
+                // sealed before a close may be more.
+                var offset = batch.count > Self.batchLimit ? 0 : batch.count
+                while offset < batch.count {
+                    let end = min(offset + Self.batchLimit, batch.count)
+                    try await channel.write(Array(batch[offset..<end]))
+                    offset = end
+                    if offset < batch.count { state.withLock { $0.writeStartedAt = clock.now() } }
+                }
+                if batch.count <= Self.batchLimit { try await channel.write(batch) }
             } catch {
                 channelFailed(error)
                 break
             }
             state.withLockThenDeliver { state in
                 state.writerBusy = false
+                state.writeStartedAt = nil
                 state.queuedBytes -= batch.count
                 if state.queuedBytes + state.scheduler.queuedPriorityBytes <= maxQueuedBytes {
                     let waiters = state.roomWaiters.removeAll()
@@ -386,6 +401,7 @@ public final class Link: Sendable {
         }
         state.withLockThenDeliver { state in
             state.writerBusy = false
+            state.writeStartedAt = nil
             state.writerDone = true
             state.queue = []
             state.queuedBytes = 0
@@ -406,20 +422,35 @@ public final class Link: Sendable {
     private func tickLoop() async {
         while !Task.isCancelled {
             let next = state.withLock { state -> Duration?? in
-                guard state.closure == nil else { return .none }
+                // After the close only a stalled write is left to watch (a GO_AWAY the peer
+                // does not take).
+                guard state.closure == nil || state.writeStartedAt != nil else { return .none }
                 state.tickerArmed = true
-                state.tickerDeadline = state.machine.nextDeadline
+                state.tickerDeadline = nextTickerDeadline(state)
                 state.tickerWakePending = false
                 return .some(state.tickerDeadline)
             }
             guard case .some(let deadline) = next else { return }
             await sleepOrWake(until: deadline)
             if Task.isCancelled { return }
-            let logs = state.withLockThenDeliver { state in
+            let (logs, stalled) = state.withLockThenDeliver { state -> ([LogEntry], Bool) in
                 state.tickerArmed = false
-                return apply(state.machine.tick(at: clock.now()), to: &state, from: .tick)
+                let now = clock.now()
+                if let started = state.writeStartedAt, now - started >= writeProgressTimeout {
+                    state.lingers = false
+                    guard state.closure == nil else { return ([], true) }
+                    let reason = "the peer took no data for \(writeProgressTimeout.components.seconds) s: it stopped reading"
+                    return (apply(state.machine.close(code: .resourceLimit, reason: reason), to: &state, from: .tick), true)
+                }
+                guard state.closure == nil else { return ([], false) }
+                return (apply(state.machine.tick(at: now), to: &state, from: .tick), false)
             }
             emit(logs)
+            if stalled {
+                // The stuck write ends with the channel; the writer then ends the link.
+                channel.close()
+                return
+            }
         }
     }
 
@@ -654,7 +685,7 @@ public final class Link: Sendable {
         wakeWriter(&state)
         // Wake the ticker when its deadline moved closer or the link closed.
         if state.tickerArmed {
-            let next = state.machine.nextDeadline
+            let next = nextTickerDeadline(state)
             let closer: Bool =
                 if let next { state.tickerDeadline.map { next < $0 } ?? true } else { false }
             if state.closure != nil || closer { wakeTicker(&state) }
@@ -679,7 +710,7 @@ public final class Link: Sendable {
             switch code {
             case .normal: .notConnected
             case .unsupportedVersion, .serviceMismatch, .encryptionMismatch: .unsupported
-            case .sessionFull, .identityMismatch: .unavailable
+            case .sessionFull, .identityMismatch, .resourceLimit: .unavailable
             case .keepAliveTimeout: .timedOut
             case .handshakeFailed:
                 if case .tick = source { .timedOut } else { .notConnected }
@@ -741,6 +772,8 @@ public final class Link: Sendable {
         var lingerAllowed = true
         var peerMetadata: Logger.Metadata = [:]
 
+        /// When the running write began (a piece of at most ``batchLimit`` bytes); nil between writes.
+        var writeStartedAt: Duration?
         var tickerArmed = false
         var tickerDeadline: Duration?
         var tickerWakePending = false
@@ -771,6 +804,14 @@ public final class Link: Sendable {
     }
 
     /// Wakes the ticker (once the lock is released).
+    /// The ticker's next deadline: the state machine's, or the running write's, whichever is first.
+    private func nextTickerDeadline(_ state: State) -> Duration? {
+        let machine = state.closure == nil ? state.machine.nextDeadline : nil
+        guard let started = state.writeStartedAt else { return machine }
+        let write = started + writeProgressTimeout
+        return machine.map { min($0, write) } ?? write
+    }
+
     private func wakeTicker(_ state: inout State) {
         state.tickerWakePending = true
         if let wake = state.tickerWake {
@@ -801,6 +842,13 @@ public final class Link: Sendable {
         }
         state.queue = []
         state.writerBusy = true
+        state.writeStartedAt = clock.now()
+        // the ticker watches this write from now on
+        if state.tickerArmed, let armed = state.tickerDeadline, armed > state.writeStartedAt! + writeProgressTimeout {
+            wakeTicker(&state)
+        } else if state.tickerArmed, state.tickerDeadline == nil {
+            wakeTicker(&state)
+        }
         return batch
     }
 

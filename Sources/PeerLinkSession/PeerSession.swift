@@ -238,11 +238,13 @@ public final class PeerSession: Sendable {
     ) {
         precondition(!transports.isEmpty, "PeerSession: give at least one transport")
         let localPeer = configuration.localPeer
-        let machine: SessionStateMachine
+        var machine: SessionStateMachine
         do {
             try configuration.validate()
             machine = try SessionStateMachine(
                 localPeer: localPeer, serviceType: configuration.serviceType, policy: configuration.policy)
+            machine.partialMessageLimits = (
+                configuration.limits.maximumPartialMessageBytesPerLink, configuration.limits.maximumPartialMessageBytesPerSession)
         } catch {
             preconditionFailure("PeerSession: \(error.message) (check the configuration with validate() first)")
         }

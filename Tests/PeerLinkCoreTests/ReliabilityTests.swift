@@ -15,8 +15,6 @@ struct ResourceLimitsTests {
         #expect(limits.writeProgressTimeout == .seconds(15))
         #expect(limits.maximumPartialMessageBytesPerLink == 32 << 20)
         #expect(limits.maximumPartialMessageBytesPerSession == 64 << 20)
-        #expect(limits.maximumQueuedEvents == 1024)
-        #expect(limits.eventQueuePolicy == .backPressure)
         #expect(limits.maximumReasonBytes == 256)
         #expect(limits.maximumKnownPeers == 1024)
         #expect(limits.reservedDescriptors == 32)
@@ -33,7 +31,6 @@ struct ResourceLimitsTests {
         ("zero write timeout", { $0.writeProgressTimeout = .zero }, "writeProgressTimeout"),
         ("partial bytes under one message", { $0.maximumPartialMessageBytesPerLink = 1 << 20 }, "one whole message"),
         ("session under link", { $0.maximumPartialMessageBytesPerSession = 16 << 20 }, "PerSession"),
-        ("no event queue", { $0.maximumQueuedEvents = 0 }, "maximumQueuedEvents"),
         ("tiny reasons", { $0.maximumReasonBytes = 3 }, "maximumReasonBytes"),
         ("huge reasons", { $0.maximumReasonBytes = 100_000 }, "maximumReasonBytes"),
         ("no known peers", { $0.maximumKnownPeers = 0 }, "maximumKnownPeers"),

@@ -226,4 +226,44 @@ struct SessionMessageTests {
         #expect(actions.isEmpty)
         #expect(net.machine(0).ignoredMessages == 1)
     }
+
+    /// A peer that starts messages and never ends them is held to the partial-message limits:
+    /// over the link's, or over the session's with several links, its link is closed with code
+    /// 11 and what it held is dropped; finished messages are delivered as before.
+    @Test func partialMessagesAreHeldToTheirLimits() throws {
+        var net = try SessionNet(["alice", "bob", "carol"])
+        for index in 0..<3 { net.nodes[index].machine.partialMessageLimits = (perLink: 10_000, perSession: 15_000) }
+        _ = try net.invite(0, 1)
+        net.run()
+        try net.respond(1, net.invitationsReceived(1)[0].id, accept: true)
+        net.run()
+        _ = try net.invite(0, 2)
+        net.run()
+        try net.respond(2, net.invitationsReceived(2)[0].id, accept: true)
+        net.run()
+        try #require(net.connected(0) == [1, 2])
+        let links = net.machine(0).allLinks
+        try #require(links.count == 2)
+        let (fromBob, fromCarol) = (links[0], links[1])
+
+        // A finished message of any size under 16 MiB is not "partial" once complete.
+        var actions = net.nodes[0].machine.frameReceived(.message(id: 1, flags: .more, chunk: [UInt8](repeating: 1, count: 6_000)), on: fromBob, at: net.now)
+        #expect(actions.isEmpty)
+        #expect(net.machine(0).bufferedMessageBytes == 6_000)
+        actions = net.nodes[0].machine.frameReceived(.message(id: 1, flags: [], chunk: [UInt8](repeating: 1, count: 6_000)), on: fromBob, at: net.now)
+        #expect(actions.count == 1)
+        #expect(net.machine(0).bufferedMessageBytes == 0)
+
+        // Over the session's limit with two links: the link that went over is closed.
+        _ = net.nodes[0].machine.frameReceived(.message(id: 2, flags: .more, chunk: [UInt8](repeating: 2, count: 9_000)), on: fromBob, at: net.now)
+        actions = net.nodes[0].machine.frameReceived(.message(id: 7, flags: .more, chunk: [UInt8](repeating: 3, count: 7_000)), on: fromCarol, at: net.now)
+        #expect(actions.contains { if case .closeLink(fromCarol, .resourceLimit, _) = $0 { true } else { false } }, "\(actions)")
+        #expect(net.machine(0).bufferedMessageBytes == 9_000)
+
+        // Over the link's limit: closed, and its bytes released.
+        actions = net.nodes[0].machine.frameReceived(.message(id: 3, flags: .more, chunk: [UInt8](repeating: 4, count: 1_500)), on: fromBob, at: net.now)
+        #expect(actions.contains { if case .closeLink(fromBob, .resourceLimit, _) = $0 { true } else { false } }, "\(actions)")
+        #expect(net.machine(0).bufferedMessageBytes == 0)
+        #expect(net.machine(0).bufferedMessageBytes(on: fromBob) == 0)
+    }
 }

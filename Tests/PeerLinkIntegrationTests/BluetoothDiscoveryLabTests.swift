@@ -1,4 +1,5 @@
 import Foundation
+import PeerLink
 import Testing
 
 /// Where the Bluetooth discovery tests run: the VM lab (`Hardware/bluetooth-lab.sh`), whose
@@ -135,6 +136,10 @@ struct BluetoothDiscoveryLabTests {
     @Test("without bluetoothd and without root (as nobody): the HCI inquiry still finds the other controller", .timeLimit(.minutes(3)))
     func inquiryNeedsNoPrivileges() async throws {
         let setpriv = try #require(TestHost.which("setpriv"), "setpriv (util-linux) runs the scan as nobody")
+        // An inquiry finds discoverable devices only; adapters are not discoverable in the stock
+        // configuration (a PeerLink advertiser would make its own so, through bluetoothd).
+        let hold = try BluetoothVisibilityHold.acquire(adapter: DiscoveryLab.advertiserAdapter)
+        defer { hold?.release() }
         let bus = try await PrivateBus()  // a system bus without bluetoothd
         let home = TestHost.temporaryDirectory("peerlink-nobody")
         #expect(chown(home, 65534, 65534) == 0)

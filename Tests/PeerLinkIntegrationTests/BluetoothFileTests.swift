@@ -104,6 +104,7 @@ struct BluetoothFileTests {
         "4 MiB: hci0 goes down mid-transfer and up again; after a new connect the transfer resumes",
         arguments: BluetoothSocketKind.allCases)
     func resumeAfterAdapterDownAndUp(_ kind: BluetoothSocketKind) async throws {
+        try await BluetoothLab.waitUntilNoLinks()
         let (server, client) = try await BluetoothSessionTests.pair()
         let receiving = Receiving(server.session)
         var adapterDown = false

@@ -119,7 +119,7 @@ struct BluetoothLinkTests {
         // for paired devices otherwise): the refusal must come from the channel / PSM
         let reachable = try BluetoothVisibilityHold.acquire(adapter: "hci0")
         defer { reachable?.release() }
-        let endpoint = try Endpoint(parsing: template.replacingOccurrences(of: "ADDR", with: hci0.description))
+        let endpoint = try Endpoint(parsing: template.replacingOccurrences(of: "ADDR", with: hci0.description), schemes: [.bluetooth])
         let transport = BluetoothTransport(adapter: try BluetoothLab.address(1))
         let error = await #expect(throws: PeerLinkError.self) {
             _ = try await transport.connect(endpoint, timeout: .seconds(20))

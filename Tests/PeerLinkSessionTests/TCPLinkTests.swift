@@ -50,6 +50,40 @@ struct TCPLinkTests {
         #expect(log.all.filter { $0.message == "link closed" }.count == 2)
     }
 
+    @Test("a peer that stops reading is closed when a write makes no progress for writeProgressTimeout (code 11), and the sender is told")
+    func stalledWriteClosesTheLink() async throws {
+        let log = TestLog()
+        let listener = try TCPTransportListener(host: Self.loopback)
+        defer { listener.close() }
+        async let acceptedChannel = listener.accept()
+        let dialed = try await Self.dial(listener.port)
+        defer { dialed.close() }
+        let accepted = try await acceptedChannel
+        var policy = LinkPolicy.default
+        policy.limits.writeProgressTimeout = .seconds(1)
+        let server = Identity.generate()
+        let link = LinkFixture.link(accepted, .listener, server, name: "Bo", policy: policy, log: log)
+        var peer = RawPeer(dialed, name: "Ana", expecting: server)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await link.run() }
+            #expect(try await peer.handshake())
+            // From here on the peer reads nothing: the kernel's buffers fill, then writes stall.
+            let chunk = [UInt8](repeating: 7, count: 8192)
+            var failure: (any Error)?
+            do {
+                for index in 0..<8192 { try await link.send(.message(id: UInt32(index + 1), flags: [], chunk: chunk)) }  // 64 MiB at most
+            } catch {
+                failure = error
+            }
+            #expect(failure != nil, "64 MiB went to a peer that reads nothing")
+            var events = link.events.makeAsyncIterator()
+            let closure = try #require(await events.closure())
+            #expect(closure.code == .resourceLimit, "\(closure)")
+            #expect(closure.reason.contains("took no data"), "\(closure.reason)")
+            try await group.waitForAll()
+        }
+    }
+
     /// What a hostile client does once connected.
     enum Hostility: String, CaseIterable, CustomTestStringConvertible {
         /// Sends an HTTP request instead of a preface.

@@ -98,6 +98,8 @@ struct PeerOutbox: Sendable {
 /// messages may interleave.
 struct MessageReassembly: Sendable {
     private var partial: [UInt32: [UInt8]] = [:]
+    /// Bytes held in ``partial``.
+    private(set) var bufferedBytes = 0
 
     enum Outcome {
         case incomplete
@@ -108,16 +110,16 @@ struct MessageReassembly: Sendable {
 
     mutating func add(id: UInt32, flags: FrameFlags, chunk: [UInt8]) -> Outcome {
         var bytes = partial.removeValue(forKey: id) ?? []
+        bufferedBytes -= bytes.count
         guard bytes.count + chunk.count <= WireFormat.maxMessageLength else {
             return .tooLarge(bytes.count + chunk.count)
         }
         bytes += chunk
         if flags.contains(.more) {
+            bufferedBytes += bytes.count
             partial[id] = bytes
             return .incomplete
         }
         return .complete(bytes)
     }
-
-    var bufferedBytes: Int { partial.values.reduce(0) { $0 + $1.count } }
 }

@@ -238,7 +238,9 @@ extension SessionStateMachine {
     /// Forgets `link`. A pair left without links is lost, unless the link was closed as a
     /// duplicate or the local dial to the peer is under way: then its replacement is awaited.
     mutating func removeLink(_ link: LinkID, code: GoAwayCode, reason: String) {
-        guard let linkRecord = links.removeValue(forKey: link), var record = peers[linkRecord.peer] else { return }
+        guard let linkRecord = links.removeValue(forKey: link) else { return }
+        bufferedMessageBytes -= linkRecord.reassembly.bufferedBytes
+        guard var record = peers[linkRecord.peer] else { return }
         record.links.removeAll { $0 == link }
         if record.pendingJoin?.link == link { record.pendingJoin = nil }
         // automatic mode's fallback gives the inviting side its time again

@@ -77,6 +77,14 @@ public struct SessionStateMachine: Sendable {
     var droppedDatagramsByPeer: [Fingerprint: Int] = [:]
     /// Messages received from peers that are not members, dropped.
     public internal(set) var ignoredMessages = 0
+    /// Bytes of reliable messages received in part that one link, and all links together, may
+    /// hold (``ResourceLimits/maximumPartialMessageBytesPerLink`` and `…PerSession`): a link
+    /// that goes over either is closed with ``GoAwayCode/resourceLimit`` and its partial
+    /// messages dropped. A session sets them from its configuration.
+    public var partialMessageLimits = (perLink: ResourceLimits.default.maximumPartialMessageBytesPerLink,
+                                       perSession: ResourceLimits.default.maximumPartialMessageBytesPerSession)
+    /// Bytes of reliable messages received in part, all links together.
+    public internal(set) var bufferedMessageBytes = 0
 
     var now: Duration = .zero
     var peers: [Fingerprint: PeerRecord] = [:]
@@ -331,6 +339,7 @@ public struct SessionStateMachine: Sendable {
             emit(.closeLink(link, code: .normal, reason: "\(localPeer.displayName) left the session"))
         }
         links.removeAll()
+        bufferedMessageBytes = 0
         isAutomatic = false
         let reason = "the local peer left the session"
         for id in incoming.keys.sorted() {
@@ -462,9 +471,21 @@ public struct SessionStateMachine: Sendable {
         case .control(let message):
             receive(message, from: fingerprint, on: link)
         case .message(let id, let flags, let chunk):
-            switch links[link]!.reassembly.add(id: id, flags: flags, chunk: chunk) {
+            let before = links[link]!.reassembly.bufferedBytes
+            let outcome = links[link]!.reassembly.add(id: id, flags: flags, chunk: chunk)
+            let held = links[link]!.reassembly.bufferedBytes
+            bufferedMessageBytes += held - before
+            switch outcome {
             case .incomplete:
-                break
+                if held > partialMessageLimits.perLink {
+                    close(
+                        link, code: .resourceLimit,
+                        reason: "\(held) bytes of messages received in part on this link, over the limit of \(partialMessageLimits.perLink)")
+                } else if bufferedMessageBytes > partialMessageLimits.perSession {
+                    close(
+                        link, code: .resourceLimit,
+                        reason: "\(bufferedMessageBytes) bytes of messages received in part in this session, over the limit of \(partialMessageLimits.perSession)")
+                }
             case .complete(let bytes):
                 if peers[fingerprint]!.isMember {
                     emit(.event(.messageReceived(peers[fingerprint]!.id, bytes, reliable: true)))

@@ -111,6 +111,9 @@ public enum GoAwayCode: Hashable, Sendable, CustomStringConvertible {
     case duplicateLink
     /// 10: internal error.
     case internalError
+    /// 11: the peer went over one of this side's resource limits (``ResourceLimits``: messages
+    /// received in part, a write that made no progress).
+    case resourceLimit
     /// A code this version does not know.
     case other(UInt32)
 
@@ -127,6 +130,7 @@ public enum GoAwayCode: Hashable, Sendable, CustomStringConvertible {
         case 8: self = .keepAliveTimeout
         case 9: self = .duplicateLink
         case 10: self = .internalError
+        case 11: self = .resourceLimit
         default: self = .other(rawValue)
         }
     }
@@ -144,6 +148,7 @@ public enum GoAwayCode: Hashable, Sendable, CustomStringConvertible {
         case .keepAliveTimeout: 8
         case .duplicateLink: 9
         case .internalError: 10
+        case .resourceLimit: 11
         case .other(let value): value
         }
     }
@@ -165,6 +170,7 @@ public enum GoAwayCode: Hashable, Sendable, CustomStringConvertible {
             case .keepAliveTimeout: "keep-alive timeout"
             case .duplicateLink: "duplicate link"
             case .internalError: "internal error"
+            case .resourceLimit: "resource limit"
             case .other: "unknown code"
             }
         return "\(rawValue) (\(meaning))"

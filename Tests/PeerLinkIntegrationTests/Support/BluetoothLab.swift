@@ -62,8 +62,24 @@ enum BluetoothLab {
     /// Only a reset of `index` clears it, so this takes the adapter down and up again
     /// (bluetoothd sees it powered again; a PeerLink hold makes it discoverable again).
     static func forgetDeadLinks(_ index: Int) async throws {
-        try await hciconfig(index, ["down"])
-        try await hciconfig(index, ["up"])
+        try await power(index, on: false)
+        try await power(index, on: true)
+        try await waitUntilNoLinks()
+    }
+
+    /// Waits (at most `timeout`) until neither lab adapter has an ACL link (`hcitool con`): the
+    /// kernel drops an idle ACL link about 2 s after its last channel, and a test that starts
+    /// while the previous one's link is going down can see its own new link cut with it.
+    static func waitUntilNoLinks(timeout: Duration = .seconds(20)) async throws {
+        let tool = TestHost.which("hcitool") ?? "/usr/bin/hcitool"
+        let deadline = ContinuousClock.now + timeout
+        var listing = ""
+        while ContinuousClock.now < deadline {
+            listing = try await runCommand(tool, ["con"], timeout: .seconds(10)).stdout
+            if !listing.contains("ACL") { return }
+            try await Task.sleep(for: .milliseconds(500))
+        }
+        throw HarnessError("ACL links still up after \(timeout): \(listing)")
     }
 
     /// The SHA-256 of `bytes` with their count, to compare what was sent with what arrived.
