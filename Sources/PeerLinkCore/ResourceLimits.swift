@@ -7,7 +7,7 @@
 /// or a Raspberry Pi. ``fitted(toDescriptorLimit:)`` shrinks the link caps to what a process's
 /// descriptor limit can hold.
 ///
-/// The DocC article *Limits* lists every limit, its default, what happens when it is reached
+/// The DocC article *Reliability* lists every limit, its default, what happens when it is reached
 /// and which part of PeerLink enforces it.
 public struct ResourceLimits: Hashable, Sendable {
     // MARK: Links
