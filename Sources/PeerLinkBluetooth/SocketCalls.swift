@@ -57,9 +57,9 @@ enum BTSocket {
     ///
     /// Level low means an unauthenticated link key and no bonding: with Secure Simple Pairing
     /// the kernel pairs each new ACL link "Just Works" without an agent or a prompt (when both
-    /// machines' agents can display and confirm, the kernel itself asks for MITM protection and
-    /// the users confirm a number instead), encrypts the link as SSP requires, and forgets the
-    /// key when the link goes — no bond is stored. PeerLink authenticates and
+    /// machines' agents can display and confirm, the agent of the machine being connected to
+    /// asks its user to allow it), encrypts the link as SSP requires, and forgets the key when
+    /// the link goes — no bond is stored. PeerLink authenticates and
     /// encrypts every link itself (Noise), so asking Bluetooth for more (medium: a bond; high:
     /// MITM protection, i.e. a PIN or a confirmation by the user) would only add prompts. It is
     /// also the kernel's default; it is set here so the choice is written down.

@@ -104,7 +104,6 @@ struct BluetoothFileTests {
         "4 MiB: hci0 goes down mid-transfer and up again; after a new connect the transfer resumes",
         arguments: BluetoothSocketKind.allCases)
     func resumeAfterAdapterDownAndUp(_ kind: BluetoothSocketKind) async throws {
-        try await BluetoothLab.waitUntilNoLinks()
         let (server, client) = try await BluetoothSessionTests.pair()
         let receiving = Receiving(server.session)
         var adapterDown = false
@@ -137,6 +136,7 @@ struct BluetoothFileTests {
             try await BluetoothLab.power(0, on: true)
             adapterDown = false
             try await BluetoothLab.forgetDeadLinks(1)
+            try await BluetoothLab.waitUntilClean()
             _ = try await Self.reconnect(client, server, endpoint)
 
             let ended = await progress.value

@@ -67,6 +67,23 @@ enum BluetoothLab {
         try await waitUntilNoLinks()
     }
 
+    /// Waits until the lab is as a test expects to find it: no ACL link between the adapters, and
+    /// no bond on either side (the main boot's janitor, `guest/forget-bonds.py`, removes the
+    /// one-sided bonds btvirt leaves 3 s after their link is gone). A test that links the two
+    /// controllers starts with this, so its pairing is never a second one against such a bond
+    /// (refused, `EACCES`) and no bond is removed under its new link.
+    static func waitUntilClean(timeout: Duration = .seconds(30)) async throws {
+        try await waitUntilNoLinks(timeout: timeout)
+        guard isLab, TestHost.environment["PEERLINK_BLUETOOTH_FRESH_BOOT"] != "1" else { return }
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            let held = try await isPaired(on: 0)
+            if !held, try await !isPaired(on: 1) { return }
+            try await Task.sleep(for: .milliseconds(500))
+        }
+        throw HarnessError("a bond between the lab's adapters was still there after \(timeout)")
+    }
+
     /// Waits (at most `timeout`) until neither lab adapter has an ACL link (`hcitool con`): the
     /// kernel drops an idle ACL link about 2 s after its last channel, and a test that starts
     /// while the previous one's link is going down can see its own new link cut with it.
