@@ -140,13 +140,18 @@ struct BluetoothDiscoveryLabTests {
         // configuration (a PeerLink advertiser would make its own so, through bluetoothd).
         let hold = try BluetoothVisibilityHold.acquire(adapter: DiscoveryLab.advertiserAdapter)
         defer { hold?.release() }
+        let index = DiscoveryLab.advertiserAdapter == "hci0" ? 0 : 1
+        for _ in 0..<50 where try await BluetoothLab.adapterProperty(index, "Discoverable") != true {
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(try await BluetoothLab.adapterProperty(index, "Discoverable") == true, "the hold did not make \(DiscoveryLab.advertiserAdapter) discoverable")
         let bus = try await PrivateBus()  // a system bus without bluetoothd
         let home = TestHost.temporaryDirectory("peerlink-nobody")
         #expect(chown(home, 65534, 65534) == 0)
         let scan = try await runCommand(
             setpriv,
             ["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", TestHost.peerlinkBinary,
-             "scan", "--bluetooth", "--adapter", DiscoveryLab.scannerAdapter, "--timeout", "3"],
+             "scan", "--bluetooth", "--adapter", DiscoveryLab.scannerAdapter, "--timeout", "6"],
             environment: ["DBUS_SYSTEM_BUS_ADDRESS": bus.address, "HOME": home], timeout: .seconds(120))
         #expect(scan.status == 0, "\(scan.stdout)\n\(scan.stderr)")
         #expect(scan.stdout.contains("HCI inquiry"), "\(scan.stdout)\n\(scan.stderr)")

@@ -136,7 +136,7 @@ struct BluetoothFileTests {
             try await BluetoothLab.power(0, on: true)
             adapterDown = false
             try await BluetoothLab.forgetDeadLinks(1)
-            try await BluetoothLab.waitUntilClean()
+            try await BluetoothLab.waitUntilNoLinks()
             _ = try await Self.reconnect(client, server, endpoint)
 
             let ended = await progress.value

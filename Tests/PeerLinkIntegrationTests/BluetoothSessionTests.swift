@@ -84,7 +84,7 @@ struct BluetoothSessionTests {
 
     /// hci0 listens on RFCOMM and L2CAP; hci1 only dials.
     static func pair() async throws -> (server: Running, client: Running) {
-        try await BluetoothLab.waitUntilClean()
+        try await BluetoothLab.renewControllers()
         let hci0 = try BluetoothLab.address(0)
         let hci1 = try BluetoothLab.address(1)
         let listeners: [any TransportListener] = [
@@ -135,7 +135,7 @@ struct BluetoothSessionTests {
 
     @Test(arguments: BluetoothSocketKind.allCases)
     func twoChatProcessesOneControllerEach(_ kind: BluetoothSocketKind) async throws {
-        try await BluetoothLab.waitUntilClean()
+        try await BluetoothLab.renewControllers()
         let hci0 = try BluetoothLab.address(0)
         // fixed ports, as a user gives them, away from those the kernel hands out for 0
         let listen = kind == .rfcomm ? ["--rfcomm-channel", "27"] : ["--l2cap-psm", "0x2001"]

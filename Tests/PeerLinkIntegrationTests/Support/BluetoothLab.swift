@@ -67,21 +67,22 @@ enum BluetoothLab {
         try await waitUntilNoLinks()
     }
 
-    /// Waits until the lab is as a test expects to find it: no ACL link between the adapters, and
-    /// no bond on either side (the main boot's janitor, `guest/forget-bonds.py`, removes the
-    /// one-sided bonds btvirt leaves 3 s after their link is gone). A test that links the two
-    /// controllers starts with this, so its pairing is never a second one against such a bond
-    /// (refused, `EACCES`) and no bond is removed under its new link.
-    static func waitUntilClean(timeout: Duration = .seconds(30)) async throws {
-        try await waitUntilNoLinks(timeout: timeout)
-        guard isLab, TestHost.environment["PEERLINK_BLUETOOTH_FRESH_BOOT"] != "1" else { return }
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            let held = try await isPaired(on: 0)
-            if !held, try await !isPaired(on: 1) { return }
-            try await Task.sleep(for: .milliseconds(500))
+    /// Gives a test that links the two controllers controllers that never paired: in the lab's
+    /// main boots, `guest/renew-controllers.sh` creates them afresh (same addresses, no bonds).
+    /// btvirt's emulated controllers pair faithfully only the first time: from the second
+    /// pairing on, links between them are cut seconds after they open, or their pairing is
+    /// refused — which real controllers never do. (The tests of ``BluetoothFreshLabTests`` run
+    /// in a boot of their own and keep what they set up.)
+    static func renewControllers() async throws {
+        guard isLab, TestHost.environment["PEERLINK_BLUETOOTH_FRESH_BOOT"] != "1" else {
+            try await waitUntilNoLinks()
+            return
         }
-        throw HarnessError("a bond between the lab's adapters was still there after \(timeout)")
+        let home = TestHost.environment["BTVM_HOME"]
+            ?? URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+                .deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("Hardware/btvm").path
+        let result = try await runCommand("/bin/sh", [home + "/guest/renew-controllers.sh"], timeout: .seconds(90))
+        guard result.status == 0 else { throw HarnessError("renewing the lab's controllers failed: \(result.stdout)\(result.stderr)") }
     }
 
     /// Waits (at most `timeout`) until neither lab adapter has an ACL link (`hcitool con`): the
