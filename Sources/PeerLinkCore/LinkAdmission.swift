@@ -111,10 +111,20 @@ public struct LinkAdmission<Key: Hashable & Sendable>: Sendable {
     }
 
     /// Records a link the owner runs without asking (one it dialled): it counts towards the
-    /// caps, and is never evicted. Recording a key again changes nothing.
-    public mutating func opened(_ key: Key, from origin: String?) {
-        guard entries[key] == nil else { return }
+    /// caps and is never evicted. When it brings the links in their handshake (or all links)
+    /// over a cap, the oldest incoming link still in its handshake makes room: the returned key,
+    /// which the owner closes. Recording a key again changes nothing.
+    @discardableResult
+    public mutating func opened(_ key: Key, from origin: String?, limits: ResourceLimits = .default) -> Key? {
+        guard entries[key] == nil else { return nil }
         record(key, origin: origin, incoming: false)
+        let overHandshakeCap = entries.values.count { $0.handshaking } > limits.maximumHandshakingLinks
+        let overTotalCap = entries.count > limits.maximumLinks
+        guard overHandshakeCap || overTotalCap, let victim = oldestEvictable() else { return nil }
+        entries[victim] = nil
+        totals.evicted += 1
+        sinceSummary.evicted += 1
+        return victim
     }
 
     /// The link finished its handshake.

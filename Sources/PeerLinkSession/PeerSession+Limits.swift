@@ -54,8 +54,16 @@ extension PeerSession {
     }
 
     /// Records a link the session runs that did not come through ``admitIncoming(_:)`` (a dial).
+    /// At a cap, the oldest incoming link still in its handshake is closed to make room: the
+    /// session's own dials go before unauthenticated strangers.
     func recordLink(_ channel: any LinkChannel, in core: inout SessionCore) {
-        core.admission.opened(ObjectIdentifier(channel), from: LinkAdmission<ObjectIdentifier>.origin(ofRemote: channel.remoteDescription))
+        let evicted = core.admission.opened(
+            ObjectIdentifier(channel), from: LinkAdmission<ObjectIdentifier>.origin(ofRemote: channel.remoteDescription),
+            limits: configuration.limits)
+        guard let evicted, let victim = core.links.values.first(where: { ObjectIdentifier($0.link.channel) == evicted })?.link else { return }
+        core.outbox.add {
+            victim.close(code: .handshakeFailed, reason: "too many links in their handshake: the oldest made room for a dial", linger: false)
+        }
     }
 
     /// The accept loop's answer to a failed `accept`: false when the listener is closed (the

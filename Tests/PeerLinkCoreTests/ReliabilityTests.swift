@@ -208,6 +208,27 @@ struct LinkAdmissionTests {
         #expect(admission.admit(7, from: "10.0.0.7", limits: Self.limits, at: .zero).verdict == .admit)
     }
 
+    @Test("a dial at the handshake cap makes room by evicting the oldest incoming handshake, never another dial")
+    func dialAtTheCap() {
+        var admission = LinkAdmission<Int>()
+        for key in 1...4 {
+            #expect(admission.admit(key, from: "10.0.0.\(key)", limits: Self.limits, at: .zero).verdict == .admit)
+        }
+        #expect(admission.usage.handshaking == 4)
+        // the session's own dial: in, and the oldest stranger out
+        let evicted = admission.opened(100, from: "10.0.0.9", limits: Self.limits)
+        #expect(evicted == 1)
+        #expect(!admission.contains(1) && admission.contains(100))
+        #expect(admission.usage.handshaking == 4 && admission.usage.evicted == 1)
+        // with only dials left in their handshake, nothing can make room: the dial stays
+        var dials = LinkAdmission<Int>()
+        for key in 1...5 {
+            let evicted = dials.opened(key, from: nil, limits: Self.limits)
+            #expect(evicted == nil)
+        }
+        #expect(dials.usage.handshaking == 5)
+    }
+
     @Test("refusals are summarised at most every 10 s")
     func summaries() {
         var admission = LinkAdmission<Int>()
