@@ -117,12 +117,7 @@ struct BluetoothFreshLabTests {
     @Test("PeerLink's links pair on their own and leave no bond behind")
     func linksLeaveNoBond() async throws {
         try await BluetoothPairingLabTests.twoChatsTalk()
-        // the ACL link goes a few seconds after its last channel
-        for _ in 0..<40 {
-            let held = try await BluetoothLab.isPaired(on: 0)
-            if !held, try await !BluetoothLab.isPaired(on: 1) { break }
-            try await Task.sleep(for: .milliseconds(500))
-        }
+        try await BluetoothLab.waitUntilNeitherIsPaired()
         #expect(try await BluetoothLab.isPaired(on: 0) == false, "hci0 kept a bond with hci1 after PeerLink's link")
         #expect(try await BluetoothLab.isPaired(on: 1) == false, "hci1 kept a bond with hci0 after PeerLink's link")
     }
@@ -160,11 +155,7 @@ struct BluetoothFreshLabTests {
         #expect(
             agent.requests.allSatisfy { $0.hasPrefix("request RequestAuthorization") || $0.hasPrefix("request RequestConfirmation") },
             "PeerLink's links asked the agent for more than a yes or no: \(agent.requests)")
-        for _ in 0..<40 {
-            let held = try await BluetoothLab.isPaired(on: 0)
-            if !held, try await !BluetoothLab.isPaired(on: 1) { break }
-            try await Task.sleep(for: .milliseconds(500))
-        }
+        try await BluetoothLab.waitUntilNeitherIsPaired()
         #expect(try await BluetoothLab.isPaired(on: 0) == false, "a confirmed PeerLink link left a bond on hci0")
         #expect(try await BluetoothLab.isPaired(on: 1) == false, "a confirmed PeerLink link left a bond on hci1")
 
@@ -207,6 +198,16 @@ extension BluetoothLab {
 
     static func devicePath(on index: Int) throws -> String {
         "/org/bluez/hci\(index)/dev_" + (try address(1 - index)).description.replacingOccurrences(of: ":", with: "_")
+    }
+
+    /// Waits (up to 20 s) until neither lab adapter holds a bond with the other: a link's key
+    /// goes with its ACL link, a few seconds after its last channel.
+    static func waitUntilNeitherIsPaired() async throws {
+        for _ in 0..<40 {
+            let held = try await isPaired(on: 0)
+            if !held, try await !isPaired(on: 1) { return }
+            try await Task.sleep(for: .milliseconds(500))
+        }
     }
 
     /// Whether adapter `index` holds a bond with the other lab adapter (Paired while not connected).
