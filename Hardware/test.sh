@@ -6,7 +6,8 @@
 # Steps: 1. Hardware/setup.sh --tests (installs what is missing, finds the interop Python)
 #        2. Hardware/daemons.sh start (system dbus + lo-only avahi); on exit, `daemons.sh stop`
 #           stops only what this run started (and restarts an avahi a test left stopped)
-#        3. swift build --build-tests, then swift test --skip-build [arguments...], then a
+#        3. swift build --build-tests, then swift test --skip-build [arguments...] (without
+#           arguments: every suite but the avahi-daemon restarts, which run alone after), then a
 #           few-second smoke run of the benchmark (peerlink-bench --smoke; loopback only)
 #        4. the Bluetooth VM lab: Hardware/bluetooth-lab.sh --skip-build runs the Bluetooth suites
 #           in a QEMU VM with two virtual controllers (only when no arguments were given; it
@@ -121,6 +122,13 @@ if [ -n "${PEERLINK_SCRATCH_PATH:-}" ]; then
 fi
 build_cmd=(swift build --build-tests "${scratch[@]}")
 test_cmd=(swift test --skip-build "${scratch[@]}" "$@")
+# The tests that restart avahi-daemon (DaemonRestartTests) run on their own after the rest: the
+# other suites' chats and scans would meet the daemon while it is down.
+alone=()
+if [ $# = 0 ]; then
+    test_cmd+=(--skip DaemonRestartTests)
+    alone=(swift test --skip-build "${scratch[@]}" --filter DaemonRestartTests)
+fi
 
 if [ "${CI:-}" = true ]; then
     echo "================ PeerLink test suite ================"
@@ -132,6 +140,7 @@ if [ "${CI:-}" = true ]; then
     bash "$PEERLINK_DAEMONS_SCRIPT" status | sed 's/^/daemons:  /' || true
     echo "build:    ${build_cmd[*]}"
     echo "test:     ${test_cmd[*]}"
+    [ ${#alone[@]} -gt 0 ] && echo "then:     ${alone[*]}"
     echo "====================================================="
 fi
 
@@ -142,6 +151,9 @@ if [ "${PEERLINK_TEST_DRY_RUN:-0}" = 1 ]; then
 else
     "${build_cmd[@]}" || { test_rc=$?; say "build failed (exit $test_rc)"; exit "$test_rc"; }
     "${test_cmd[@]}" || test_rc=$?
+    if [ ${#alone[@]} -gt 0 ]; then
+        "${alone[@]}" || { [ "$test_rc" = 0 ] && test_rc=1; }
+    fi
     # The benchmark's smoke run: it must run to the end; its figures mean nothing in a debug build.
     if [ "$test_rc" = 0 ] && [ $# = 0 ]; then
         bench=$(swift build "${scratch[@]}" --show-bin-path)/peerlink-bench
