@@ -56,26 +56,13 @@ struct Receive: AsyncParsableCommand {
 
     func run() async throws {
         let logger = peer.makeLogger("peerlink.receive")
-        let node: PeerNode
-        let displayName = try DisplayName(name)
-        let serviceType = try ServiceType(service)
-        do {
-            let configuration = PeerNodeConfiguration(
-                session: PeerSessionConfiguration(
-                    identity: try peer.loadIdentity(), displayName: displayName, serviceType: serviceType,
-                    policy: SessionPolicy(automatic: true)),
-                transports: transports.transport, ranking: transports.prefer)
-            node = try PeerNode(configuration: configuration, logger: logger)
-        } catch {
-            throw fail(error)
-        }
-        for line in node.notices.compactMap(TransportWording.problem) { printError("peerlink: \(line)") }
+        let node = try transports.automaticNode(peer: peer, name: name, service: service, logger: logger)
         let session = node.session
         let receiver = FileReceiver(directory: dir)
         let console = ChatConsole(interactive: isatty(0) == 1 && isatty(1) == 1)
         let acceptEverything = acceptAll
         let limit = count
-        console.status("Receiving as \(name) (id \(session.localPeer.fingerprint.grouped)) on \(serviceType.dnsSDType) into \(dir)\(acceptAll ? ", accepting every file" : "")")
+        console.status("Receiving as \(name) (id \(session.localPeer.fingerprint.grouped)) on \(session.configuration.serviceType.dnsSDType) into \(dir)\(acceptAll ? ", accepting every file" : "")")
         let received = Counter()
         // The signal wait cannot be cancelled; a stream of it can, so the run can also end by --count.
         let (signals, signalSink) = AsyncStream.makeStream(of: Int32.self)

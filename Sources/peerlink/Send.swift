@@ -66,20 +66,7 @@ struct Send: AsyncParsableCommand {
                 throw ExitCode(ExitStatus.usage)
             }
         }
-        let node: PeerNode
-        let displayName = try DisplayName(name)
-        let serviceType = try ServiceType(service)
-        do {
-            let configuration = PeerNodeConfiguration(
-                session: PeerSessionConfiguration(
-                    identity: try peer.loadIdentity(), displayName: displayName, serviceType: serviceType,
-                    policy: SessionPolicy(automatic: true)),
-                transports: transports.transport, ranking: transports.prefer)
-            node = try PeerNode(configuration: configuration, logger: logger)
-        } catch {
-            throw fail(error)
-        }
-        for line in node.notices.compactMap(TransportWording.problem) { printError("peerlink: \(line)") }
+        let node = try transports.automaticNode(peer: peer, name: name, service: service, logger: logger)
         let session = node.session
         let prepared = outgoing
         let target = to
@@ -107,7 +94,7 @@ struct Send: AsyncParsableCommand {
                 return nil
             }
             group.addTask {
-                printError("peerlink: waiting for \(target) on \(serviceType.dnsSDType) (up to \(Int(timeout)) s)")
+                printError("peerlink: waiting for \(target) on \(session.configuration.serviceType.dnsSDType) (up to \(Int(timeout)) s)")
                 guard let receiver = await found.wait(limit: waitLimit) else {
                     printError("peerlink: \(target) did not appear within \(Int(timeout)) s: check that `peerlink receive --name \(target)` runs on the same network and service (--service), or raise --timeout")
                     return ExitStatus.failure

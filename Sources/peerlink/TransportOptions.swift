@@ -83,3 +83,25 @@ final class ToldProblems: @unchecked Sendable {
         lock.withLock { told.insert(module + "\n" + line).inserted }
     }
 }
+
+extension TransportOptions {
+    /// The node `send` and `receive` run: automatic mode, on the chosen transports, with the
+    /// identity of `peer`. A transport that cannot run here is one line on standard error.
+    func automaticNode(peer: PeerOptions, name: String, service: String, logger: Logger) throws -> PeerNode {
+        let displayName = try DisplayName(name)
+        let serviceType = try ServiceType(service)
+        let node: PeerNode
+        do {
+            let configuration = PeerNodeConfiguration(
+                session: PeerSessionConfiguration(
+                    identity: try peer.loadIdentity(), displayName: displayName, serviceType: serviceType,
+                    policy: SessionPolicy(automatic: true)),
+                transports: transport, ranking: prefer)
+            node = try PeerNode(configuration: configuration, logger: logger)
+        } catch {
+            throw fail(error)
+        }
+        for line in node.notices.compactMap(TransportWording.problem) { printError("peerlink: \(line)") }
+        return node
+    }
+}
