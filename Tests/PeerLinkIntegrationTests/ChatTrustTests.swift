@@ -79,7 +79,9 @@ struct ChatTrustTests {
         // Bob meets the real Ann.
         do {
             let (ann, bob) = try await Self.meet(("Ann", TestHost.temporaryDirectory("ann")), ("Bob", bobHome), service: service)
-            #expect(bob.stderrLines.contains { $0.contains("new peer Ann") }, "\(bob.stderr)")
+            // The note comes with the join, on stderr: read as it arrives, not at once.
+            let note = try await bob.waitForStderrLine(containing: "new peer Ann", timeout: .seconds(10))
+            #expect(note.contains("new peer Ann: id "), "\(note)")
             try await Self.finish(ann, bob)
         }
 
