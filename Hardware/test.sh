@@ -152,7 +152,7 @@ else
     "${build_cmd[@]}" || { test_rc=$?; say "build failed (exit $test_rc)"; exit "$test_rc"; }
     "${test_cmd[@]}" || test_rc=$?
     if [ ${#alone[@]} -gt 0 ]; then
-        "${alone[@]}" || { [ "$test_rc" = 0 ] && test_rc=1; }
+        "${alone[@]}" || { alone_rc=$?; [ "$test_rc" = 0 ] && test_rc=$alone_rc; }
     fi
     # The benchmark's smoke run: it must run to the end; its figures mean nothing in a debug build.
     if [ "$test_rc" = 0 ] && [ $# = 0 ]; then

@@ -123,9 +123,9 @@ struct BluetoothFreshLabTests {
     @Test("PeerLink's links pair on their own and leave no bond behind")
     func linksLeaveNoBond() async throws {
         let said = try await BluetoothPairingLabTests.twoChatsTalk()
-        try await BluetoothLab.waitUntilNeitherIsPaired()
-        #expect(try await BluetoothLab.isPaired(on: 0) == false, "hci0 kept a bond with hci1 after PeerLink's link\n\(said)")
-        #expect(try await BluetoothLab.isPaired(on: 1) == false, "hci1 kept a bond with hci0 after PeerLink's link\n\(said)")
+        let held = try await BluetoothLab.waitUntilNeitherIsPaired()
+        #expect(!held.hci0, "hci0 kept a bond with hci1 after PeerLink's link\n\(said)")
+        #expect(!held.hci1, "hci1 kept a bond with hci0 after PeerLink's link\n\(said)")
     }
 
     @Test("a bond the listening side removed (bluetoothctl remove on hci0) does not keep two chats apart")
@@ -161,9 +161,9 @@ struct BluetoothFreshLabTests {
         #expect(
             agent.requests.allSatisfy { $0.hasPrefix("request RequestAuthorization") || $0.hasPrefix("request RequestConfirmation") },
             "PeerLink's links asked the agent for more than a yes or no: \(agent.requests)")
-        try await BluetoothLab.waitUntilNeitherIsPaired()
-        #expect(try await BluetoothLab.isPaired(on: 0) == false, "a confirmed PeerLink link left a bond on hci0")
-        #expect(try await BluetoothLab.isPaired(on: 1) == false, "a confirmed PeerLink link left a bond on hci1")
+        let held = try await BluetoothLab.waitUntilNeitherIsPaired()
+        #expect(!held.hci0, "a confirmed PeerLink link left a bond on hci0")
+        #expect(!held.hci1, "a confirmed PeerLink link left a bond on hci1")
 
         // The user's agent makes the adapter pairable; an unrelated pairing is put to it, and declined.
         try agent.answer(accepting: false)
@@ -207,13 +207,15 @@ extension BluetoothLab {
     }
 
     /// Waits (up to 20 s) until neither lab adapter holds a bond with the other: a link's key
-    /// goes with its ACL link, a few seconds after its last channel.
-    static func waitUntilNeitherIsPaired() async throws {
-        for _ in 0..<40 {
-            let held = try await isPaired(on: 0)
-            if !held, try await !isPaired(on: 1) { return }
-            try await Task.sleep(for: .milliseconds(500))
+    /// goes with its ACL link, a few seconds after its last channel. Returns what each held last.
+    static func waitUntilNeitherIsPaired() async throws -> (hci0: Bool, hci1: Bool) {
+        var held = (hci0: true, hci1: true)
+        for attempt in 0..<40 {
+            held = (try await isPaired(on: 0), try await isPaired(on: 1))
+            if !held.hci0, !held.hci1 { break }
+            if attempt < 39 { try await Task.sleep(for: .milliseconds(500)) }
         }
+        return held
     }
 
     /// Whether adapter `index` holds a bond with the other lab adapter (Paired while not connected).
