@@ -14,6 +14,9 @@ package struct FIFO<Element: Sendable>: Sendable {
 
     package mutating func append(_ element: Element) { storage.append(element) }
 
+    /// The oldest item, without taking it.
+    package var first: Element? { head < storage.count ? storage[head] : nil }
+
     package mutating func removeFirst() -> Element? {
         guard head < storage.count else { return nil }
         let element = storage[head]
@@ -37,6 +40,11 @@ package struct FIFO<Element: Sendable>: Sendable {
     /// Combines the queued items, oldest first, without copying them out.
     package func reduce<Result>(_ initial: Result, _ next: (Result, Element) -> Result) -> Result {
         storage[head...].reduce(initial) { next($0, $1!) }
+    }
+
+    /// Combines the queued items, oldest first, into a result changed in place.
+    package func reduce<Result>(into initial: Result, _ next: (inout Result, Element) -> Void) -> Result {
+        storage[head...].reduce(into: initial) { next(&$0, $1!) }
     }
 
     /// Applies `change` to every queued item in place.

@@ -28,15 +28,15 @@ import Synchronization
 ///   not lost to a reset; the link counts as closed from the moment it was sent.
 /// - ``send(_:)`` waits for the handshake, and while more than `maxQueuedBytes` wait to be
 ///   written (back-pressure).
-/// - Frames wait unsealed in a ``PeerLinkCore/FrameScheduler`` and are sealed in the order the
-///   writer takes them: control frames, then messages, then stream data round-robin between
-///   streams, at most two maximum-size frames per write. A message queued during a bulk
-///   transfer goes out behind at most two frames of stream data.
-/// - Streams (``openStream(named:)``, ``Event/streamOpened(_:)``) are run by the link itself:
-///   a ``PeerLinkCore/StreamTable`` keeps their credit; a writer waits for credit and for room
-///   in the data lane (``maxQueuedDataBytes``), a reader's reads grant credit back. A peer that
-///   breaks the stream rules (a window violation, say) gets `GO_AWAY` 1. When the link closes,
-///   every stream ends with `notConnected`.
+/// - The link's own frames (session control, datagrams) wait unsealed in a
+///   ``PeerLinkCore/FrameScheduler`` and go first; then, once the link is attached to its
+///   peer's ``PeerChannel`` (``attach(_:)``) and is the channel's active link, the channel's
+///   sequenced frames (message chunks, stream data and credit), each numbered as it is sealed,
+///   at most two maximum-size frames per write. Sequenced frames that arrive go to the channel,
+///   which takes each once (a copy is dropped); those that arrive before the channel is attached
+///   wait for it.
+/// - Streams are the channel's, not the link's: they go on when the link closes and another
+///   link to the same peer takes over.
 /// - ``events`` is a single-consumer stream, buffered without limit: consume it.
 /// - The close reason is logged once, at info level, with the link's metadata (`peer.id`,
 ///   `transport`, `link.remote`, `link.role`).
@@ -65,17 +65,15 @@ public final class Link: Sendable {
     }
 
     /// What arrives on a link: frames in order, then `.closed` exactly once, then the end.
-    /// Stream frames (`DATA`, `WINDOW_UPDATE`) are handled by the link itself: a stream the
-    /// peer opened arrives as ``streamOpened(_:)``, accepted already.
+    /// Sequenced frames reach ``events`` only once new to the link's channel, and only message
+    /// chunks among them (stream frames are the channel's).
     public enum Event: Hashable, Sendable, CustomStringConvertible {
         case frame(Frame)
-        case streamOpened(PeerStream)
         case closed(code: GoAwayCode, reason: String, byPeer: Bool)
 
         public var description: String {
             switch self {
             case .frame(let frame): "frame \(frame)"
-            case .streamOpened(let stream): "stream \(stream.id) (\(stream.name)) opened by the peer"
             case .closed(let code, let reason, let byPeer):
                 "closed \(byPeer ? "by the peer" : "on this side"), code \(code): \(reason)"
             }
@@ -88,12 +86,8 @@ public final class Link: Sendable {
     public let events: AsyncStream<Event>
     /// How long ``run()`` waits for the peer to end the stream after this side sent a `GO_AWAY`.
     public let closeTimeout: Duration
-    /// How many bytes of frames other than stream data may wait to be written before
-    /// ``send(_:)`` waits.
+    /// How many bytes of the link's own frames may wait to be written before ``send(_:)`` waits.
     public let maxQueuedBytes: Int
-    /// How many bytes of stream data may wait to be written, all streams together, before a
-    /// stream's writer waits (besides waiting for its credit).
-    public let maxQueuedDataBytes: Int
     /// The most bytes the writer seals and writes at once: what a message that arrives during a
     /// bulk transfer may wait behind (besides what the kernel holds).
     static let batchLimit = 2 * WireFormat.maxFramePayload
@@ -113,7 +107,6 @@ public final class Link: Sendable {
     ///   - clock: the time source for timeouts and keep-alive (a manual clock in tests).
     ///   - closeTimeout: see ``closeTimeout``.
     ///   - maxQueuedBytes: see ``maxQueuedBytes``.
-    ///   - maxQueuedDataBytes: see ``maxQueuedDataBytes``.
     ///   - logger: where the link logs (info and below); its metadata is kept.
     public init(
         channel: any LinkChannel,
@@ -126,14 +119,12 @@ public final class Link: Sendable {
         clock: any Clock<Duration> = ContinuousClock(),
         closeTimeout: Duration = .seconds(2),
         maxQueuedBytes: Int = 256 * 1024,
-        maxQueuedDataBytes: Int = 256 * 1024,
         logger: Logger
     ) {
         self.channel = channel
         self.role = role
         self.closeTimeout = closeTimeout
         self.maxQueuedBytes = max(1, maxQueuedBytes)
-        self.maxQueuedDataBytes = max(1, maxQueuedDataBytes)
         self.clock = LinkClock(clock)
         writeProgressTimeout = policy.limits.writeProgressTimeout
         var logger = logger
@@ -147,8 +138,7 @@ public final class Link: Sendable {
             State(
                 machine: LinkStateMachine(
                     role: role, identity: identity, preface: preface, hello: hello, policy: policy,
-                    expectedRemote: expectedRemote),
-                streams: StreamTable(role: role)))
+                    expectedRemote: expectedRemote)))
     }
 
     // MARK: - Public API
@@ -185,16 +175,12 @@ public final class Link: Sendable {
     /// ``WireFormat/maxBufferedBytes``).
     public var bufferedByteCount: Int { state.withLock { $0.machine.bufferedByteCount } }
 
-    /// Bytes waiting to be written, or being written (stream data waiting for its turn not
-    /// included: see ``queuedDataByteCount``).
+    /// Bytes of the link's own frames waiting to be written, or being written (sealed
+    /// sequenced frames included; the channel's frames waiting for their turn are not).
     public var queuedByteCount: Int { state.withLock { $0.queuedBytes + $0.scheduler.queuedPriorityBytes } }
 
-    /// Bytes of stream data waiting for their turn to be written, all streams together.
-    public var queuedDataByteCount: Int { state.withLock { $0.scheduler.queuedDataBytes } }
-
-    /// The most bytes of stream data that ever waited at once on this link: never more than
-    /// ``maxQueuedDataBytes``, however fast the writers and however large the transfer.
-    public var peakQueuedDataByteCount: Int { state.withLock { $0.peakQueuedDataBytes } }
+    /// The channel this link carries frames for, once attached.
+    public var peerChannel: PeerChannel? { state.withLock { $0.channel } }
 
     /// The round trip of the last answered keep-alive `PING`.
     public var roundTripTime: Duration? { state.withLock { $0.machine.roundTripTime } }
@@ -210,6 +196,15 @@ public final class Link: Sendable {
     ///   cannot carry, `CancellationError` when the task is cancelled while waiting.
     public func send(_ frame: Frame) async throws {
         _ = try await established
+        if frame.type.isSequenced {
+            guard let channel = peerChannel else {
+                throw PeerLinkError(.invalidParameter, "\(frame.type) frames belong to a peer's channel: attach one to the link first")
+            }
+            channel.enqueue(frame)
+            channel.deliverPending()
+            try await channel.waitUntilWritable()
+            return
+        }
         try enqueue(frame)
         try await waitForRoom()
     }
@@ -239,6 +234,9 @@ public final class Link: Sendable {
             if case .goAway(let code, let reason) = frame {
                 flushScheduler(&state)
                 return apply(state.machine.close(code: code, reason: reason), to: &state, from: .send)
+            }
+            guard !frame.type.isSequenced else {
+                throw PeerLinkError(.invalidParameter, "\(frame.type) frames go through the peer's channel, not the link")
             }
             do throws(WireError) {
                 try Self.check(frame)
@@ -650,11 +648,12 @@ public final class Link: Sendable {
                         level: .info, message: "link established",
                         metadata: state.peerMetadata.merging(
                             ["link.encrypted": "\(encrypted)", "link.version": "\(version)"], uniquingKeysWith: { $1 })))
+            case .frame(.ack(let through)):
+                logs += route(.acknowledgment(through), in: &state)
             case .frame(let frame):
-                switch frame {
-                case .data, .windowUpdate: logs += receiveStreamFrame(frame, in: &state)
-                default: state.outbox.add { self.eventSink.yield(.frame(frame)) }
-                }
+                state.outbox.add { self.eventSink.yield(.frame(frame)) }
+            case .sequenced(let frame, let sequence):
+                logs += route(.sequenced(frame, sequence), in: &state)
             case .closed(let code, let reason, let byPeer):
                 let closure = makeClosure(code: code, reason: reason, byPeer: byPeer, source: source, state: state)
                 state.closure = closure
@@ -666,7 +665,11 @@ public final class Link: Sendable {
                     let waiters = state.establishedWaiters.removeAll()
                     if !waiters.isEmpty { state.outbox.add { for waiter in waiters { waiter.resume(throwing: closure.error) } } }
                 }
-                endStreams(in: &state, closure: closure)
+                if let channel = state.channel {
+                    channel.detach(self)
+                    state.outbox.add { channel.deliverPending() }
+                }
+                state.early = []
                 state.outbox.add {
                     self.eventSink.yield(.closed(code: closure.code, reason: closure.reason, byPeer: closure.byPeer))
                     self.eventSink.finish()
@@ -733,6 +736,93 @@ public final class Link: Sendable {
         }
     }
 
+    // MARK: - The channel
+
+    /// The most bytes of sequenced frames a link holds for its channel before the channel is
+    /// attached (the session attaches it right after admitting the peer).
+    static let maxEarlyBytes = 1024 * 1024
+
+    /// Input for the channel: a sequenced frame, or the peer's `ACK`.
+    enum ChannelInput {
+        case sequenced(Frame, UInt64)
+        case acknowledgment(UInt64)
+    }
+
+    /// Attaches the peer's channel: sequenced frames are written for it (when it makes this link
+    /// the active one) and those that arrive go to it, starting with those that came before.
+    public func attach(_ channel: PeerChannel) {
+        let logs = state.withLockThenDeliver { state -> [LogEntry] in
+            guard state.channel == nil, state.closure == nil else { return [] }
+            state.channel = channel
+            channel.attach(self)
+            let early = state.early
+            state.early = []
+            state.earlyBytes = 0
+            var logs: [LogEntry] = []
+            for input in early { logs += route(input, in: &state) }
+            state.outbox.add { channel.deliverPending() }
+            wakeWriter(&state)
+            return logs
+        }
+        emit(logs)
+    }
+
+    /// The channel has frames for this link, or an `ACK` became due: the writer and the ticker look.
+    func wakeFromChannel() {
+        state.withLockThenDeliver { state in
+            wakeWriter(&state)
+            wakeTicker(&state)
+        }
+    }
+
+    /// Hands input to the channel (under the lock), or keeps it until one is attached.
+    private func route(_ input: ChannelInput, in state: inout State) -> [LogEntry] {
+        guard let channel = state.channel else {
+            let size: Int
+            switch input {
+            case .sequenced(let frame, _): size = FrameScheduler.size(of: frame)
+            case .acknowledgment: size = 8
+            }
+            state.earlyBytes += size
+            guard state.earlyBytes <= Self.maxEarlyBytes else {
+                return apply(
+                    state.machine.close(
+                        code: .protocolError,
+                        reason: "over \(Self.maxEarlyBytes) bytes of frames arrived before the session admitted the peer"),
+                    to: &state, from: .read)
+            }
+            state.early.append(input)
+            return []
+        }
+        state.outbox.add { channel.deliverPending() }
+        switch input {
+        case .acknowledgment(let through):
+            guard channel.acknowledge(through: through) else {
+                return apply(
+                    state.machine.close(code: .protocolError, reason: "the peer acknowledged frame \(through), which was never sent"),
+                    to: &state, from: .read)
+            }
+            return []
+        case .sequenced(let frame, let sequence):
+            switch channel.receive(frame, sequence: sequence, at: clock.now()) {
+            case .deliver(let frame):
+                state.outbox.add { self.eventSink.yield(.frame(frame)) }
+            case .handled, .dropped:
+                break
+            case .violation(let error):
+                return apply(state.machine.close(code: error.code, reason: error.reason), to: &state, from: .read)
+            }
+            return []
+        }
+    }
+
+    /// The ticker's next deadline: the state machine's, or an `ACK` the channel owes earlier.
+    private func nextDeadline(_ state: State) -> Duration? {
+        let own = state.machine.nextDeadline
+        guard let acknowledgment = state.channel?.acknowledgmentDeadline(for: self) else { return own }
+        return own.map { min($0, acknowledgment) } ?? acknowledgment
+    }
+
     // MARK: - State
 
     enum Phase { case notStarted, running, finished }
@@ -744,13 +834,12 @@ public final class Link: Sendable {
         /// Frames waiting for their turn, not sealed yet: they are sealed in the order the
         /// writer takes them, so the Noise nonces follow the order on the wire.
         var scheduler = FrameScheduler()
-        var streams: StreamTable
-        /// The runtime side of every stream of this link (kept, small, once it ended, so a
-        /// late reader still learns how it ended).
-        var slots: [UInt32: StreamSlot] = [:]
-        var streamWaiters: [Int: StreamWaiter] = [:]
-        var nextStreamWaiter = 0
-        var peakQueuedDataBytes = 0
+        /// The peer's channel, once the session attached it: it writes the sequenced frames and
+        /// takes those that arrive.
+        var channel: PeerChannel?
+        /// What arrived for the channel before it was attached (at most ``Link/maxEarlyBytes``).
+        var early: [ChannelInput] = []
+        var earlyBytes = 0
 
         /// Bytes for the writer, in order.
         var queue: [[UInt8]] = []
@@ -785,9 +874,8 @@ public final class Link: Sendable {
         /// Resumes and events, carried out once the lock is released (see ``Outbox``).
         var outbox = Outbox()
 
-        init(machine: LinkStateMachine, streams: StreamTable) {
+        init(machine: LinkStateMachine) {
             self.machine = machine
-            self.streams = streams
         }
     }
 
@@ -803,16 +891,17 @@ public final class Link: Sendable {
         }
     }
 
-    /// Wakes the ticker (once the lock is released).
-    /// The ticker's next deadline: the state machine's, or the running write's, whichever is first.
+    /// The ticker's next deadline: the state machine's (or the pair channel's acknowledgment),
+    /// or the running write's, whichever is first.
     private func nextTickerDeadline(_ state: State) -> Duration? {
-        let machine = state.closure == nil ? state.machine.nextDeadline : nil
+        let machine = state.closure == nil ? nextDeadline(state) : nil
         guard let started = state.writeStartedAt else { return machine }
         let write = started + writeProgressTimeout
         return machine.map { min($0, write) } ?? write
     }
 
-    private func wakeTicker(_ state: inout State) {
+    /// Wakes the ticker (once the lock is released).
+    func wakeTicker(_ state: inout State) {
         state.tickerWakePending = true
         if let wake = state.tickerWake {
             state.tickerWake = nil
@@ -825,11 +914,15 @@ public final class Link: Sendable {
     private func takeBatch(_ state: inout State) -> [UInt8]? {
         guard !state.writerDone else { return nil }
         var size = state.queue.reduce(0) { $0 + $1.count }
-        let dataBefore = state.scheduler.queuedDataBytes
         while size < Self.batchLimit, state.closure == nil, let frame = state.scheduler.next() {
             size += seal(frame, in: &state)
         }
-        if state.scheduler.queuedDataBytes < dataBefore { wakeStreamWaiters(&state, stream: nil) }
+        if let channel = state.channel, state.closure == nil, size < Self.batchLimit {
+            for (frame, sequence) in channel.take(for: self, limit: Self.batchLimit - size, at: clock.now()) {
+                size += seal(frame, sequence: sequence, in: &state)
+            }
+            state.outbox.add { channel.deliverPending() }
+        }
         guard !state.queue.isEmpty else { return nil }
         var batch: [UInt8]
         if state.queue.count == 1 {
@@ -852,11 +945,11 @@ public final class Link: Sendable {
         return batch
     }
 
-    /// Seals one scheduled frame onto the queue; returns the bytes added.
-    private func seal(_ frame: Frame, in state: inout State) -> Int {
+    /// Seals one frame onto the queue (a sequenced one with its number); returns the bytes added.
+    private func seal(_ frame: Frame, sequence: UInt64? = nil, in state: inout State) -> Int {
         do throws(WireError) {
             var added = 0
-            for output in try state.machine.send(frame, at: clock.now()) {
+            for output in try state.machine.send(frame, sequence: sequence, at: clock.now()) {
                 guard case .send(let bytes) = output else { continue }
                 state.queue.append(bytes)
                 state.queuedBytes += bytes.count
@@ -875,6 +968,14 @@ public final class Link: Sendable {
     private func flushScheduler(_ state: inout State) {
         guard state.closure == nil, !state.writerDone else { return }
         while let frame = state.scheduler.next() { _ = seal(frame, in: &state) }
+        // and what the channel has for this link (when it is the active one), so what was sent
+        // before a close goes out before it
+        if let channel = state.channel {
+            for (frame, sequence) in channel.take(for: self, limit: .max, at: clock.now()) {
+                _ = seal(frame, sequence: sequence, in: &state)
+            }
+            state.outbox.add { channel.deliverPending() }
+        }
     }
 }
 

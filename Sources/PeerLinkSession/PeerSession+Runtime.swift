@@ -50,13 +50,19 @@ extension PeerSession {
             }
             group.cancelAll()
         }
-        let leftovers = core.withLockThenDeliver { core -> [Link] in
+        let (leftovers, channels) = core.withLockThenDeliver { core -> ([Link], [PeerChannel]) in
             core.phase = .over
             let links = core.links.values.map(\.link)
             core.links = [:]
-            return links
+            let channels = Array(core.channels.values)
+            core.channels = [:]
+            return (links, channels)
         }
         for link in leftovers { link.close(code: .normal, reason: "\(localPeer.displayName) stopped its session") }
+        for channel in channels {
+            channel.close(PeerLinkError(.notConnected, "\(localPeer.displayName) stopped its session"))
+            channel.deliverPending()
+        }
         // Through the outbox: after every event queued before.
         core.withLockThenDeliver { core in core.outbox.add { self.finishStreams() } }
         logger.info("session stopped", metadata: localMetadata)
@@ -111,8 +117,14 @@ extension PeerSession {
     /// drops what it holds when it disconnects. The links have until ``shutdownGrace`` to write them.
     private func handOverQueuedFrames(in core: inout SessionCore) {
         for id in core.machine.allLinks {
-            guard let link = core.links[id]?.link else { continue }
+            guard let entry = core.links[id] else { continue }
+            let link = entry.link
+            let channel = entry.established.flatMap { core.channels[$0.remote.fingerprint] }
             while let frame = core.machine.nextFrame(for: id) {
+                if frame.type.isSequenced {
+                    channel?.enqueue(frame)
+                    continue
+                }
                 do throws(PeerLinkError) {
                     try link.enqueueLeavingDelivery(frame)
                 } catch {
@@ -120,6 +132,7 @@ extension PeerSession {
                 }
             }
             core.outbox.add { link.deliverPending() }
+            if let channel { core.outbox.add { channel.deliverPending() } }
         }
     }
 
@@ -203,11 +216,20 @@ extension PeerSession {
                 // only the side that dialled the link waits for the other's end of stream, or
                 // both would wait for each other until the link's close timeout.
                 let linger = entry.dialed != nil || core.phase != .running
-                effects.append(.close(entry.link, code: code, reason: reason, linger: linger))
+                // A link another one replaces (an upgrade, a duplicate) closes once what it
+                // carried is acknowledged, so nothing is written twice.
+                var draining: PeerChannel?
+                if let peer = entry.established?.remote, let channel = core.channels[peer.fingerprint],
+                    core.machine.sendLink(to: peer) != nil, core.phase == .running
+                {
+                    draining = channel
+                }
+                effects.append(.close(entry.link, code: code, reason: reason, linger: linger, drainingFor: draining))
             case .event(let event):
                 emit(event, in: &core)
             }
         }
+        syncChannels(&core)
         core.wakeTimerIfNeeded()
         return effects
     }
@@ -215,7 +237,40 @@ extension PeerSession {
     func perform(_ effects: [Effect]) {
         for effect in effects {
             switch effect {
-            case .close(let link, let code, let reason, let linger): link.close(code: code, reason: reason, linger: linger)
+            case .close(let link, let code, let reason, let linger, let draining):
+                guard let draining else {
+                    link.close(code: code, reason: reason, linger: linger)
+                    continue
+                }
+                let spawned = spawn {
+                    await draining.drained(link, within: Self.drainTimeout)
+                    link.close(code: code, reason: reason, linger: linger)
+                }
+                if !spawned { link.close(code: code, reason: reason, linger: linger) }
+            }
+        }
+    }
+
+    /// How long a replaced link waits for its frames to be acknowledged before it closes.
+    static let drainTimeout: Duration = .seconds(2)
+
+    /// Keeps each channel in step with the state machine (under the lock): it writes on the
+    /// link the state machine sends the peer's frames on, and it ends once the peer is gone
+    /// (not connected, no link left, not being reconnected).
+    func syncChannels(_ core: inout SessionCore) {
+        for (fingerprint, channel) in core.channels {
+            let peer = channel.peer
+            let links = core.machine.links(to: peer)
+            if links.isEmpty, !core.machine.isReconnecting(peer), core.machine.state(of: peer) == .notConnected {
+                core.channels[fingerprint] = nil
+                channel.close(PeerLinkError(.notConnected, "\(peer) left the session"))
+                core.outbox.add { channel.deliverPending() }
+                continue
+            }
+            let target = core.machine.sendLink(to: peer).flatMap { core.links[$0]?.link }
+            if channel.activeLink !== target {
+                channel.activate(target)
+                core.outbox.add { channel.deliverPending() }
             }
         }
     }
@@ -254,6 +309,14 @@ extension PeerSession {
                 "message received",
                 metadata: peerMetadata(peer).merging(["bytes": "\(data.count)", "reliable": "\(reliable)"], uniquingKeysWith: { $1 }))
             report(.message(from: peer, data: data, reliable: reliable), in: &core)
+        case .linkChanged(let peer, let id):
+            guard let link = core.links[id]?.link else { return }
+            logger.info(
+                "peer now on another link",
+                metadata: peerMetadata(peer).merging(
+                    ["transport": "\(link.channel.transport)", "link.remote": "\(link.channel.remoteDescription)", "link.id": "\(id.rawValue)"],
+                    uniquingKeysWith: { $1 }))
+            report(.peerTransportChanged(peer, transport: link.channel.transport, remote: link.channel.remoteDescription), in: &core)
         }
     }
 
@@ -470,8 +533,6 @@ extension PeerSession {
                 switch event {
                 case .frame(let frame):
                     apply { core, now in (core.machine.frameReceived(frame, on: id, at: now), ()) }
-                case .streamOpened(let stream):
-                    acceptStream(stream)
                 case .closed(let code, let reason, let byPeer):
                     // After the handshake, only an admission check closes a link with code 7.
                     if byPeer, code == .identityMismatch { refusedByPeer(established.remote, reason: reason) }
@@ -488,7 +549,7 @@ extension PeerSession {
 
     /// A stream the peer opened: handed to the app when the peer is in the session (or on its
     /// way in), reset otherwise.
-    private func acceptStream(_ stream: PeerStream) {
+    func acceptStream(_ stream: PeerStream) {
         let reason = "\(localPeer.displayName) is not in a session with \(stream.peer.displayName)"
         let accepted = core.withLockThenDeliver { core -> Bool in
             guard core.phase == .running, core.machine.state(of: stream.peer) != .notConnected else { return false }
@@ -518,7 +579,24 @@ extension PeerSession {
             logger.debug(
                 "link admitted to the session",
                 metadata: linkMetadata(id, entry).merging(["link.encrypted": "\(established.encrypted)"], uniquingKeysWith: { $1 }))
-            let actions = core.machine.linkEstablished(id, peer: established.remote, dialedLocally: entry.dialed != nil, at: now)
+            let peer = established.remote
+            let incarnation = established.hello.incarnation
+            let actions = core.machine.linkEstablished(
+                id, peer: peer, dialedLocally: entry.dialed != nil, incarnation: incarnation, transport: link.channel.transport,
+                at: now)
+            // The peer's channel: the one its links carried so far, unless it started anew.
+            if let existing = core.channels[peer.fingerprint], existing.incarnation != incarnation || incarnation == nil {
+                core.channels[peer.fingerprint] = nil
+                existing.close(PeerLinkError(.notConnected, "\(peer) started anew"))
+                core.outbox.add { existing.deliverPending() }
+            }
+            let channel =
+                core.channels[peer.fingerprint]
+                ?? PeerChannel(
+                    peer: peer, incarnation: incarnation, localPeer: localPeer, clock: time, logger: logger,
+                    streamOpened: { [weak self] stream in self?.acceptStream(stream) })
+            core.channels[peer.fingerprint] = channel
+            link.attach(channel)
             return (carryOut(actions, in: &core), true)
         }
         perform(effects)
@@ -593,21 +671,36 @@ extension PeerSession {
     private func writeLoop(_ link: Link, id: LinkID) async {
         while await framesAnnounced(id) {
             while true {
-                let taken = core.withLockThenDeliver { core -> Result<Bool, PeerLinkError> in
-                    guard let frame = core.machine.nextFrame(for: id) else { return .success(false) }
+                // Sequenced frames (message chunks) go to the peer's channel, which writes them
+                // on whatever link carries the peer and keeps them until acknowledged; the
+                // link's own frames (session control, datagrams) go to the link.
+                let taken = core.withLockThenDeliver { core -> Result<PeerChannel?, PeerLinkError>? in
+                    guard let frame = core.machine.nextFrame(for: id) else { return nil }
+                    if frame.type.isSequenced {
+                        guard let peer = core.links[id]?.established?.remote, let channel = core.channels[peer.fingerprint] else {
+                            return .failure(PeerLinkError(.notConnected, "the link has no channel"))
+                        }
+                        channel.enqueue(frame)
+                        return .success(channel)
+                    }
                     do throws(PeerLinkError) {
                         try link.enqueueLeavingDelivery(frame)
                     } catch {
                         return .failure(error)
                     }
-                    return .success(true)
+                    return .success(nil)
                 }
                 // The link's writer is woken with no lock held.
                 link.deliverPending()
-                guard case .success(let more) = taken else { return }
-                guard more else { break }
+                guard let taken else { break }
+                guard case .success(let channel) = taken else { return }
                 do {
-                    try await link.waitUntilWritable()
+                    if let channel {
+                        channel.deliverPending()
+                        try await channel.waitUntilWritable()
+                    } else {
+                        try await link.waitUntilWritable()
+                    }
                 } catch {
                     return
                 }

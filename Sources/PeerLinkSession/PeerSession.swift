@@ -112,6 +112,11 @@ public enum PeerSessionEvent: Sendable, Hashable, CustomStringConvertible {
     case invitationResult(InvitationID, PeerID, InvitationOutcome)
     /// A message from a connected peer.
     case message(from: PeerID, data: [UInt8], reliable: Bool)
+    /// A connected peer's link changed — a failover (its link failed and another transport
+    /// reached it), an upgrade (a faster transport), a reconnect — and the peer stayed
+    /// connected: nothing sent was lost. `transport` is the new link's (`tcp`, `rfcomm`,
+    /// `l2cap`), `remote` its far end.
+    case peerTransportChanged(PeerID, transport: String, remote: String)
     /// Something the app should show: a dial that failed, a handshake refusal (such as
     /// encryption *required* × *none*, reported on both sides), a peer refused by
     /// ``PeerSessionConfiguration/admit`` (reported on both sides), a join a member refused, the
@@ -130,6 +135,7 @@ public enum PeerSessionEvent: Sendable, Hashable, CustomStringConvertible {
         case .invitationResult(let id, let peer, let outcome): "\(id) to \(peer): \(outcome)"
         case .message(let peer, let data, let reliable):
             "\(reliable ? "message" : "datagram") of \(data.count) bytes from \(peer)"
+        case .peerTransportChanged(let peer, let transport, let remote): "\(peer) now on \(transport) (\(remote))"
         case .linkFailed(let peer, let reason): "link " + (peer.map { "to \($0) " } ?? "") + "failed: \(reason)"
         }
     }
@@ -179,6 +185,9 @@ public final class PeerSession: Sendable {
     public var listener: (any TransportListener)? { listeners.first }
     /// The local peer: the identity's fingerprint and the display name.
     public let localPeer: PeerID
+    /// This run of the session, as its hellos tell peers: a peer resumes links with the same
+    /// incarnation (its channel goes on), and starts afresh with another.
+    public let incarnation: Incarnation
     /// What happens in the session, for one consumer; it finishes when ``run()`` returns.
     public let events: AsyncStream<PeerSessionEvent>
     /// Streams peers opened to the local peer, accepted already, for one consumer; it finishes
@@ -260,7 +269,8 @@ public final class PeerSession: Sendable {
         } catch {
             preconditionFailure("PeerSession: the supported protocol versions make no preface: \(error)")
         }
-        hello = Hello(displayName: configuration.displayName)
+        incarnation = .random()
+        hello = Hello(displayName: configuration.displayName, incarnation: incarnation)
         (events, eventSink) = AsyncStream.makeStream(of: PeerSessionEvent.self, bufferingPolicy: .unbounded)
         (incomingStreams, streamSink) = AsyncStream.makeStream(of: PeerStream.self, bufferingPolicy: .unbounded)
         (spawns, spawner) = AsyncStream.makeStream(of: (@Sendable () async -> Void).self, bufferingPolicy: .unbounded)
@@ -356,13 +366,15 @@ public final class PeerSession: Sendable {
     public func info(for peer: PeerID) async -> ConnectedPeerInfo? {
         core.withLock { core -> ConnectedPeerInfo? in
             guard core.machine.state(of: peer) == .connected else { return nil }
-            for id in core.machine.links(to: peer) {
+            let preferred = core.machine.sendLink(to: peer).map { [$0] } ?? []
+            for id in preferred + core.machine.links(to: peer) {
                 guard let entry = core.links[id], let established = entry.established else { continue }
                 return ConnectedPeerInfo(
                     peer: established.remote, transport: entry.link.channel.transport,
                     remote: entry.link.channel.remoteDescription, encrypted: established.encrypted,
                     verificationCode: entry.link.handshakeHash.map { VerificationCode.digits(handshakeHash: $0) } ?? "",
-                    droppedDatagrams: core.machine.droppedDatagrams(to: peer), openStreams: entry.link.streamCounts.open)
+                    droppedDatagrams: core.machine.droppedDatagrams(to: peer),
+                    openStreams: core.channels[peer.fingerprint]?.streamCounts.open ?? 0)
             }
             return nil
         }
@@ -377,33 +389,35 @@ public final class PeerSession: Sendable {
     ///   bytes or for the local peer, `unavailable` when 256 streams are open to the peer already,
     ///   the peer refused the stream, or the session is over.
     public func openStream(named name: String, to peer: PeerID) async throws -> PeerStream {
-        let link = try core.withLock { core throws(PeerLinkError) -> Link in
+        let channel = try core.withLock { core throws(PeerLinkError) -> PeerChannel in
             try core.requireNotOver()
             guard peer.fingerprint != localPeer.fingerprint else {
                 throw PeerLinkError(.invalidParameter, "a peer cannot open a stream to itself")
             }
-            guard core.machine.state(of: peer) == .connected, let id = core.machine.sendLink(to: peer),
-                let link = core.links[id]?.link
-            else {
+            guard core.machine.state(of: peer) == .connected, let channel = core.channels[peer.fingerprint] else {
                 throw PeerLinkError(.notConnected, "\(peer) is not connected: open the stream once it is")
             }
-            return link
+            return channel
         }
-        let stream = try link.beginStream(named: name)
-        try await link.waitUntilAccepted(stream)
+        let stream = try channel.beginStream(named: name)
+        try await channel.waitUntilAccepted(stream)
         return stream
     }
 
-    /// The stream accounting of the link to `peer`, for tests and diagnostics; nil when the
-    /// peer is not connected.
+    /// The stream accounting of the channel to `peer`, for tests and diagnostics; nil when the
+    /// peer has no channel.
     package func streamStatistics(for peer: PeerID) -> StreamStatistics? {
-        core.withLock { core -> StreamStatistics? in
-            guard let id = core.machine.sendLink(to: peer), let link = core.links[id]?.link else { return nil }
-            let counts = link.streamCounts
-            return StreamStatistics(
-                openStreams: counts.open, unreadBytes: counts.unreadBytes, queuedDataBytes: link.queuedDataByteCount,
-                peakQueuedDataBytes: link.peakQueuedDataByteCount, maxQueuedDataBytes: link.maxQueuedDataBytes)
-        }
+        guard let channel = core.withLock({ $0.channels[peer.fingerprint] }) else { return nil }
+        let counts = channel.streamCounts
+        let (queued, peak) = channel.dataQueueCounts
+        return StreamStatistics(
+            openStreams: counts.open, unreadBytes: counts.unreadBytes, queuedDataBytes: queued, peakQueuedDataBytes: peak,
+            maxQueuedDataBytes: channel.maxQueuedDataBytes)
+    }
+
+    /// The channel to `peer` (its continuity and streams), for tests and diagnostics.
+    package func channel(for peer: PeerID) -> PeerChannel? {
+        core.withLock { $0.channels[peer.fingerprint] }
     }
 
     /// Leaves the session: messages already accepted by ``send(_:to:reliable:)`` are queued on

@@ -42,6 +42,8 @@ struct SessionCore: OutboxOwner {
     var discovered: [Fingerprint: [Endpoint]] = [:]
     /// Peers discovery reported found and not lost.
     var found: Set<Fingerprint> = []
+    /// Each peer's channel: its sequenced frames and streams, across links.
+    var channels: [Fingerprint: PeerChannel] = [:]
 
     /// The link caps of ``PeerLinkCore/ResourceLimits``: every link by its channel (see
     /// `PeerSession+Limits.swift`).
@@ -97,8 +99,10 @@ struct SessionCore: OutboxOwner {
 
 /// What is done with the lock released, after an input was applied.
 enum Effect: Sendable {
-    /// Close a link; `linger` as in ``Link/close(code:reason:linger:)``.
-    case close(Link, code: GoAwayCode, reason: String, linger: Bool = true)
+    /// Close a link; `linger` as in ``Link/close(code:reason:linger:)``. With `drainingFor`,
+    /// first wait (briefly) until that channel's frames written on the link are acknowledged:
+    /// another link carries the peer now, and nothing need be written again.
+    case close(Link, code: GoAwayCode, reason: String, linger: Bool = true, drainingFor: PeerChannel? = nil)
 }
 
 /// A one-way signal many tasks can wait for: waiting returns once it fired, or when the waiting

@@ -1,6 +1,7 @@
 import PeerLinkCore
 
-/// A named byte stream to one connected peer, over that peer's link, with credit flow control.
+/// A named byte stream to one connected peer, with credit flow control. It belongs to the pair
+/// of peers, not to a link: it goes on, nothing lost, when the link under it changes.
 ///
 /// Open one with ``PeerSession/openStream(named:to:)``; streams peers open arrive on
 /// ``PeerSession/incomingStreams``. Each direction is an ordered byte stream:
@@ -20,8 +21,9 @@ import PeerLinkCore
 ///   streams, so a large transfer never holds up a chat message.
 /// - **Ends.** ``finish()`` ends this side's direction; ``read()`` returns nil after the peer's.
 ///   ``reset(reason:)`` aborts both ways: the peer's reads and writes throw `cancelled` with
-///   "reset by the peer: REASON". When the link to the peer closes, writes throw `notConnected`
-///   at once and reads do after the bytes that arrived.
+///   "reset by the peer: REASON". A link that fails is replaced (while the peer stays in the
+///   session) and the stream goes on; when the peer leaves, writes throw `notConnected` at once
+///   and reads do after the bytes that arrived.
 /// - One writer and one reader at a time: concurrent writes interleave their chunks.
 /// - Equal only to itself.
 public final class PeerStream: Sendable, Hashable, CustomStringConvertible {
@@ -29,14 +31,15 @@ public final class PeerStream: Sendable, Hashable, CustomStringConvertible {
     public let name: String
     /// The other side.
     public let peer: PeerID
-    /// The stream's id on its link (odd when the link's dialer opened it).
+    /// The stream's id between the two peers (odd when the peer with the smaller fingerprint
+    /// opened it).
     public let id: UInt32
     /// This side opened it.
     public let isOutgoing: Bool
-    let link: Link
+    let channel: PeerChannel
 
-    init(link: Link, id: UInt32, name: String, peer: PeerID, isOutgoing: Bool) {
-        self.link = link
+    init(channel: PeerChannel, id: UInt32, name: String, peer: PeerID, isOutgoing: Bool) {
+        self.channel = channel
         self.id = id
         self.name = name
         self.peer = peer
@@ -44,27 +47,27 @@ public final class PeerStream: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// Queues `bytes` to the peer; suspends while the peer's receive window has no credit (or
-    /// the link's queue of stream data is full). Returns once every byte is queued.
+    /// the queue of stream data waiting for a link is full). Returns once every byte is queued.
     ///
-    /// - Throws: ``PeerLinkCore/PeerLinkError`` `notConnected` once the link is gone, `cancelled`
+    /// - Throws: ``PeerLinkCore/PeerLinkError`` `notConnected` once the peer is gone, `cancelled`
     ///   after a reset (either side), `invalidParameter` after ``finish()``;
     ///   `CancellationError` when the task is cancelled (some bytes may have been queued).
     public func write(_ bytes: [UInt8]) async throws {
-        try await link.writeStream(id, bytes)
+        try await channel.writeStream(id, bytes)
     }
 
     /// Half-closes this side's direction (`FIN`) after everything written; reading goes on.
     ///
     /// - Throws: ``PeerLinkCore/PeerLinkError`` as ``write(_:)``; `invalidParameter` when finished already.
     public func finish() async throws {
-        try link.finishStream(id)
+        try channel.finishStream(id)
     }
 
     /// Aborts both directions (`RST` with `reason`): bytes not yet sent are dropped, and the
     /// peer's reads and writes throw "reset by the peer: REASON". Does nothing once the stream
     /// was reset or the link is gone.
     public func reset(reason: String) {
-        link.resetStream(id, reason: reason)
+        channel.resetStream(id, reason: reason)
     }
 
     /// The next chunk the peer sent, nil after its `FIN`. Reading is what grants the peer more
@@ -73,7 +76,7 @@ public final class PeerStream: Sendable, Hashable, CustomStringConvertible {
     /// - Throws: ``PeerLinkCore/PeerLinkError`` `cancelled` after a reset, `notConnected` when the
     ///   link closed (after the bytes that arrived before), `CancellationError`.
     public func read() async throws -> [UInt8]? {
-        try await link.readStream(id)
+        try await channel.readStream(id)
     }
 
     /// The peer's bytes as an asynchronous sequence of chunks, as ``read()`` returns them.
@@ -102,7 +105,7 @@ public final class PeerStream: Sendable, Hashable, CustomStringConvertible {
     }
 }
 
-/// One link's stream accounting (``PeerSession/streamStatistics(for:)``).
+/// One peer's stream accounting (``PeerSession/streamStatistics(for:)``).
 package struct StreamStatistics: Sendable, Hashable {
     /// Streams open on the link, both directions.
     package var openStreams: Int

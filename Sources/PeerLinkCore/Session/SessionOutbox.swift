@@ -9,17 +9,18 @@ enum QueuedControl: Hashable, Sendable {
     case message(ControlMessage)
 }
 
-/// A reliable message on its way out: whole bytes, and how far it got on the current link.
+/// A reliable message on its way out: whole bytes, and how far it got (chunks taken go to the
+/// pair's continuity, which delivers them whatever link carries them).
 struct OutgoingMessage: Sendable {
     var bytes: [UInt8]
-    /// Bytes already taken as chunks on the current link.
+    /// Bytes already taken as chunks.
     var offset = 0
-    /// The message id on the current link, given when its first chunk is taken.
+    /// The message id (per peer), given when its first chunk is taken.
     var id: UInt32?
 }
 
 /// Everything queued for one peer, whatever link will carry it: the peer's send link can
-/// change (a duplicate collapsed, a link lost), and the queue moves with the peer.
+/// change (a duplicate collapsed, a link lost, an upgrade), and the queue moves with the peer.
 ///
 /// Three lanes: control messages first (first in, first out); then unreliable messages (a small
 /// bounded lane) and reliable messages take turns, a datagram then a chunk, so neither waits
@@ -53,15 +54,6 @@ struct PeerOutbox: Sendable {
     mutating func enqueueMessage(_ bytes: [UInt8]) { messages.append(OutgoingMessage(bytes: bytes)) }
 
     mutating func removeAll() { self = PeerOutbox() }
-
-    /// The send link changed: chunks taken on the old one died with it, so every message begins
-    /// again, whole, under a new id. Messages whose every chunk was taken are gone already.
-    mutating func restartMessages() {
-        messages.updateEach { message in
-            message.offset = 0
-            message.id = nil
-        }
-    }
 
     mutating func takeControl() -> QueuedControl? { control.removeFirst() }
 

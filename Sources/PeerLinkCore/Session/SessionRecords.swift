@@ -42,6 +42,23 @@ struct PeerRecord: Sendable {
     /// When discovery last found it (was not found before); automatic mode's fallback counts
     /// from here for a peer that should have invited the local one.
     var foundAt: Duration?
+    /// The peer's incarnation, as its links' hellos say (nil: not known, or it does not resume).
+    var incarnation: Incarnation?
+    /// The id the next reliable message to this peer gets (ids count per peer, not per link,
+    /// since a message's chunks may cross a link change).
+    var nextMessageID: UInt32 = 1
+    /// Reliable messages arriving from this peer, in part.
+    var reassembly = MessageReassembly()
+    /// A member whose last link failed: it stays in the session until this deadline while it
+    /// is dialled again (``SessionPolicy/reconnectGrace``).
+    var reconnectDeadline: Duration?
+    /// When the next reconnect (or upgrade) dial may start.
+    var redialAt: Duration?
+    /// Endpoints of a better ranked transport than the current link's, seen since when (an
+    /// upgrade is due).
+    var upgradeSeenAt: Duration?
+    /// The member's link last told to the app (a change is reported as ``SessionEvent/linkChanged(_:_:)``).
+    var announcedLink: LinkID?
     /// The last time the session had business with this peer (for the idle-link timeout).
     var purposeAt: Duration = .zero
     /// Why the peer is about to be reported `notConnected`.
@@ -91,9 +108,8 @@ struct LinkRecord: Sendable {
     /// Establishment order, across all links of the state machine.
     let order: Int
     let establishedAt: Duration
-    /// The id the next reliable message sent on this link gets.
-    var nextMessageID: UInt32 = 1
-    var reassembly = MessageReassembly()
+    /// Its transport's rank (``SessionPolicy/transportRanks``).
+    let rank: Int
     /// A `JOIN` went out on this link.
     var joinSent = false
 }

@@ -210,6 +210,12 @@ extension SessionStateMachine {
         record.pendingJoin = nil
         record.expectingRoster = false
         record.replacementDeadline = nil
+        record.reconnectDeadline = nil
+        record.redialAt = nil
+        record.upgradeSeenAt = nil
+        record.announcedLink = nil
+        bufferedMessageBytes -= record.reassembly.bufferedBytes
+        record.reassembly = MessageReassembly()
         record.outbox.removeAll()
         record.signalled = false
         record.lostReason = reason
@@ -238,9 +244,7 @@ extension SessionStateMachine {
     /// Forgets `link`. A pair left without links is lost, unless the link was closed as a
     /// duplicate or the local dial to the peer is under way: then its replacement is awaited.
     mutating func removeLink(_ link: LinkID, code: GoAwayCode, reason: String) {
-        guard let linkRecord = links.removeValue(forKey: link) else { return }
-        bufferedMessageBytes -= linkRecord.reassembly.bufferedBytes
-        guard var record = peers[linkRecord.peer] else { return }
+        guard let linkRecord = links.removeValue(forKey: link), var record = peers[linkRecord.peer] else { return }
         record.links.removeAll { $0 == link }
         if record.pendingJoin?.link == link { record.pendingJoin = nil }
         // automatic mode's fallback gives the inviting side its time again
@@ -254,6 +258,16 @@ extension SessionStateMachine {
             peers[linkRecord.peer] = record
             return
         }
+        if record.isMember, policy.reconnectGrace > .zero, Self.isRecoverable(code) {
+            // The member stays; its frames wait (and are kept) for the next link, whichever
+            // transport brings it. Both sides dial; the duplicate tie-break keeps one link.
+            if record.reconnectDeadline == nil { record.reconnectDeadline = now + policy.reconnectGrace }
+            record.dialing = true
+            record.redialAt = nil
+            peers[linkRecord.peer] = record
+            emit(.dial(record.id, endpoints: rankedEndpoints(record)))
+            return
+        }
         peers[linkRecord.peer] = record
         if record.joiningDeadline != nil, !record.isMember {
             emit(.joinRefused(record.id, code: code, reason: reason))
@@ -261,14 +275,86 @@ extension SessionStateMachine {
         lose(linkRecord.peer, reason: reason)
     }
 
-    /// The tie-break for duplicate links: keep the link dialled by the peer with the smaller
-    /// fingerprint. Each side decides from the same facts (who dialled which link), so both keep
-    /// the same one without exchanging anything. Of several links dialled by the local side, the
-    /// oldest is kept; several links dialled by the peer are the peer's to close.
+    /// Whether a member whose last link ended with `code` is waited for (dialled again) rather
+    /// than lost at once: not when it left on purpose or was refused.
+    static func isRecoverable(_ code: GoAwayCode) -> Bool {
+        switch code {
+        case .normal, .identityMismatch, .sessionFull, .unsupportedVersion, .serviceMismatch, .encryptionMismatch, .protocolError,
+            .resourceLimit:
+            false
+        case .keepAliveTimeout, .handshakeFailed, .duplicateLink, .internalError, .other:
+            true
+        }
+    }
+
+    /// The peer started anew (its hello names another incarnation): the old one leaves, with
+    /// everything that was under way with it.
+    mutating func restarted(_ peer: PeerID) {
+        guard var record = peers[peer.fingerprint] else { return }
+        for link in record.links { close(link, code: .normal, reason: "\(peer) started anew") }
+        record = peers[peer.fingerprint]!
+        record.reconnectDeadline = nil
+        record.redialAt = nil
+        bufferedMessageBytes -= record.reassembly.bufferedBytes
+        record.reassembly = MessageReassembly()
+        record.nextMessageID = 1
+        peers[peer.fingerprint] = record
+        lose(peer.fingerprint, reason: "\(peer) started anew (its process restarted)")
+    }
+
+    /// The peer's endpoints, best ranked transport first.
+    func rankedEndpoints(_ record: PeerRecord) -> [Endpoint] {
+        record.endpoints.enumerated().sorted { lhs, rhs in
+            let (left, right) = (policy.rank(of: lhs.element.transport), policy.rank(of: rhs.element.transport))
+            return left != right ? left > right : lhs.offset < rhs.offset
+        }.map(\.element)
+    }
+
+    /// The rank of the link a peer's frames go on now (nil without one).
+    func currentRank(_ record: PeerRecord) -> Int? {
+        sendLink(for: record).flatMap { links[$0]?.rank }
+    }
+
+    /// The peer's endpoints on a transport ranked above its current link's.
+    func betterEndpoints(_ record: PeerRecord) -> [Endpoint] {
+        guard let rank = currentRank(record) else { return [] }
+        return rankedEndpoints(record).filter { policy.rank(of: $0.transport) > rank }
+    }
+
+    /// A member found on a better ranked transport than its link's: the upgrade is due at once
+    /// on the side with the smaller fingerprint, after ``SessionPolicy/automaticFallback`` on
+    /// the other (in case the first cannot dial it).
+    mutating func noteUpgrade(_ fingerprint: Fingerprint) {
+        guard var record = peers[fingerprint] else { return }
+        if record.isMember, !betterEndpoints(record).isEmpty {
+            if record.upgradeSeenAt == nil { record.upgradeSeenAt = now }
+        } else {
+            record.upgradeSeenAt = nil
+        }
+        peers[fingerprint] = record
+    }
+
+    func upgradeDeadline(_ record: PeerRecord) -> Duration? {
+        guard let seen = record.upgradeSeenAt, record.isMember, !record.links.isEmpty, !betterEndpoints(record).isEmpty
+        else { return nil }
+        let wait = localPeer.fingerprint < record.id.fingerprint ? Duration.zero : policy.automaticFallback
+        return max(seen + wait, record.redialAt ?? .zero)
+    }
+
+    /// The tie-break for duplicate links: keep the best ranked transport (an upgrade), and of
+    /// links on it the one dialled by the peer with the smaller fingerprint. Each side decides
+    /// from the same facts (transports, who dialled which link), so both keep the same one
+    /// without exchanging anything. Of several links dialled by the local side, the oldest is
+    /// kept; several links dialled by the peer are the peer's to close.
     mutating func collapseDuplicates(of fingerprint: Fingerprint) {
         guard let record = peers[fingerprint] else { return }
-        let mine = record.links.filter { links[$0]!.dialedLocally }
-        let theirs = record.links.filter { !links[$0]!.dialedLocally }
+        let best = record.links.map { links[$0]!.rank }.max() ?? 0
+        for link in record.links where links[link]!.rank < best {
+            close(link, code: .duplicateLink, reason: "replaced by a link on a faster transport to \(record.id)")
+        }
+        let remaining = peers[fingerprint]!.links
+        let mine = remaining.filter { links[$0]!.dialedLocally }
+        let theirs = remaining.filter { !links[$0]!.dialedLocally }
         var doomed = Array(mine.dropFirst())
         let localIsSmaller = localPeer.fingerprint < fingerprint
         if localIsSmaller, !mine.isEmpty { doomed += theirs }
@@ -285,10 +371,15 @@ extension SessionStateMachine {
     /// if there is one; otherwise the oldest link, except that the side with the smaller
     /// fingerprint holds its frames back while its own dial is under way (that link will win).
     func sendLink(for record: PeerRecord) -> LinkID? {
+        let best = record.links.compactMap { links[$0]?.rank }.max() ?? 0
+        let candidates = record.links.filter { links[$0]?.rank == best }
         let localIsSmaller = localPeer.fingerprint < record.id.fingerprint
-        if let preferred = record.links.first(where: { links[$0]!.dialedLocally == localIsSmaller }) { return preferred }
-        if localIsSmaller, record.dialing { return nil }
-        return record.links.first
+        if let preferred = candidates.first(where: { links[$0]!.dialedLocally == localIsSmaller }) { return preferred }
+        // an upgrade or reconnect dial under way does not hold back frames on a link in use
+        if localIsSmaller, record.dialing, record.reconnectDeadline == nil, record.upgradeSeenAt == nil, !record.isMember {
+            return nil
+        }
+        return candidates.first
     }
 
     // MARK: - Control messages
@@ -565,9 +656,14 @@ extension SessionStateMachine {
         var record = peers[fingerprint]!
         let chosen = sendLink(for: record)
         if chosen != record.sendLink {
-            record.outbox.restartMessages()
+            // Chunks taken already went to the pair's continuity (kept until acknowledged, sent
+            // again on the next link): messages go on where they were.
             record.sendLink = chosen
             record.signalled = false
+        }
+        if let chosen, record.isMember {
+            if let announced = record.announcedLink, announced != chosen { emit(.event(.linkChanged(record.id, chosen))) }
+            record.announcedLink = chosen
         }
         guard let link = chosen else {
             peers[fingerprint] = record

@@ -157,9 +157,15 @@ public struct SessionStateMachine: Sendable {
     /// Every established link.
     public var allLinks: [LinkID] { links.keys.sorted() }
 
-    /// Bytes of reliable messages received in part on `link`.
-    public func bufferedMessageBytes(on link: LinkID) -> Int {
-        links[link]?.reassembly.bufferedBytes ?? 0
+    /// Bytes of reliable messages received in part from `peer`.
+    public func bufferedMessageBytes(from peer: PeerID) -> Int {
+        peers[peer.fingerprint]?.reassembly.bufferedBytes ?? 0
+    }
+
+    /// Whether `peer` is a member whose last link failed and who is being dialled again
+    /// (``SessionPolicy/reconnectGrace``).
+    public func isReconnecting(_ peer: PeerID) -> Bool {
+        peers[peer.fingerprint]?.reconnectDeadline != nil
     }
 
     /// When ``tick(at:)`` has something to do next, or nil.
@@ -175,6 +181,8 @@ public struct SessionStateMachine: Sendable {
             if let idle = idleDeadline(record) { deadlines.append(idle) }
             if isAutomatic, let retry = record.autoRetryAt, retry > now { deadlines.append(retry) }
             if isAutomatic, let fallback = automaticFallbackDeadline(record), fallback > now { deadlines.append(fallback) }
+            deadlines += [record.reconnectDeadline, record.redialAt].compactMap { $0 }
+            if let upgrade = upgradeDeadline(record) { deadlines.append(upgrade) }
         }
         return deadlines.min()
     }
@@ -395,6 +403,7 @@ public struct SessionStateMachine: Sendable {
         record.autoBlocked = false
         if !endpoints.isEmpty { record.endpoints = endpoints }
         peers[peer.fingerprint] = record
+        noteUpgrade(peer.fingerprint)
         settle()
         return takeActions()
     }
@@ -418,20 +427,37 @@ public struct SessionStateMachine: Sendable {
 
     /// A link to `peer` is established (the peer is authenticated). `dialedLocally` says whether
     /// the local side opened it — it answers a ``SessionAction/dial(_:endpoints:)`` to that peer.
-    public mutating func linkEstablished(_ link: LinkID, peer: PeerID, dialedLocally: Bool, at time: Duration) -> [SessionAction] {
+    ///
+    /// - Parameters:
+    ///   - incarnation: the peer's incarnation from its hello. Another incarnation than the one
+    ///     the session knows means the peer started anew: the old one leaves first.
+    ///   - transport: the link's transport (`tcp`, `l2cap`, ...), ranked by
+    ///     ``SessionPolicy/transportRanks``: of several links to a peer the best ranked is kept.
+    public mutating func linkEstablished(
+        _ link: LinkID, peer: PeerID, dialedLocally: Bool, incarnation: Incarnation? = nil, transport: String = "",
+        at time: Duration
+    ) -> [SessionAction] {
         advance(to: time)
         guard links[link] == nil else { return takeActions() }
         guard peer.fingerprint != localPeer.fingerprint else {
             emit(.closeLink(link, code: .internalError, reason: "a link from this peer to itself"))
             return takeActions()
         }
+        if let known = peers[peer.fingerprint]?.incarnation, let incarnation, known != incarnation {
+            restarted(peer)
+        }
         var record = peers[peer.fingerprint] ?? PeerRecord(id: peer)
         record.id = peer
+        if let incarnation { record.incarnation = incarnation }
         if dialedLocally { record.dialing = false }
         record.links.append(link)
         record.replacementDeadline = nil
+        record.reconnectDeadline = nil
+        record.redialAt = nil
         peers[peer.fingerprint] = record
-        links[link] = LinkRecord(peer: peer.fingerprint, dialedLocally: dialedLocally, order: nextLinkOrder, establishedAt: now)
+        links[link] = LinkRecord(
+            peer: peer.fingerprint, dialedLocally: dialedLocally, order: nextLinkOrder, establishedAt: now,
+            rank: policy.rank(of: transport))
         nextLinkOrder += 1
         collapseDuplicates(of: peer.fingerprint)
         settle()
@@ -443,8 +469,14 @@ public struct SessionStateMachine: Sendable {
         advance(to: time)
         if var record = peers[peer.fingerprint], record.dialing {
             record.dialing = false
-            peers[peer.fingerprint] = record
-            if record.links.isEmpty { lose(peer.fingerprint, reason: "could not reach \(peer): \(reason)") }
+            if record.reconnectDeadline != nil || !record.links.isEmpty {
+                // reconnecting or upgrading: try again later, the grace decides
+                record.redialAt = now + policy.redialInterval
+                peers[peer.fingerprint] = record
+            } else {
+                peers[peer.fingerprint] = record
+                lose(peer.fingerprint, reason: "could not reach \(peer): \(reason)")
+            }
         }
         settle()
         return takeActions()
@@ -471,16 +503,16 @@ public struct SessionStateMachine: Sendable {
         case .control(let message):
             receive(message, from: fingerprint, on: link)
         case .message(let id, let flags, let chunk):
-            let before = links[link]!.reassembly.bufferedBytes
-            let outcome = links[link]!.reassembly.add(id: id, flags: flags, chunk: chunk)
-            let held = links[link]!.reassembly.bufferedBytes
+            let before = peers[fingerprint]!.reassembly.bufferedBytes
+            let outcome = peers[fingerprint]!.reassembly.add(id: id, flags: flags, chunk: chunk)
+            let held = peers[fingerprint]!.reassembly.bufferedBytes
             bufferedMessageBytes += held - before
             switch outcome {
             case .incomplete:
                 if held > partialMessageLimits.perLink {
                     close(
                         link, code: .resourceLimit,
-                        reason: "\(held) bytes of messages received in part on this link, over the limit of \(partialMessageLimits.perLink)")
+                        reason: "\(held) bytes of messages received in part from this peer, over the limit of \(partialMessageLimits.perLink)")
                 } else if bufferedMessageBytes > partialMessageLimits.perSession {
                     close(
                         link, code: .resourceLimit,
@@ -506,7 +538,7 @@ public struct SessionStateMachine: Sendable {
             }
         case .goAway(let code, let reason):
             removeLink(link, code: code, reason: "link closed by the peer, code \(code): \(reason)")
-        case .ping, .data, .windowUpdate:
+        case .ping, .data, .windowUpdate, .ack:
             break
         }
         settle()
@@ -546,9 +578,7 @@ public struct SessionStateMachine: Sendable {
         if !record.outbox.datagramsLast || !record.outbox.hasMessages, let datagram = record.outbox.takeDatagram() {
             return .datagram(datagram)
         }
-        var nextID = linkRecord.nextMessageID
-        if let chunk = record.outbox.takeChunk(nextID: &nextID) {
-            links[link]!.nextMessageID = nextID
+        if let chunk = record.outbox.takeChunk(nextID: &record.nextMessageID) {
             return chunk
         }
         record.signalled = false
@@ -602,6 +632,31 @@ public struct SessionStateMachine: Sendable {
                 close(
                     pending.link, code: .protocolError,
                     reason: "JOIN from \(record.id), whom no member announced within \(WireText.seconds(policy.joinTimeout))")
+            }
+        }
+        for fingerprint in peers.keys.sorted() {
+            guard var record = peers[fingerprint] else { continue }
+            if let deadline = record.reconnectDeadline, now >= deadline, record.links.isEmpty {
+                record.reconnectDeadline = nil
+                record.redialAt = nil
+                peers[fingerprint] = record
+                lose(
+                    fingerprint,
+                    reason: "no transport reached \(record.id) within \(WireText.seconds(policy.reconnectGrace)) of losing its link")
+                continue
+            }
+            if let redial = record.redialAt, now >= redial, !record.dialing, record.reconnectDeadline != nil, record.links.isEmpty {
+                record.redialAt = nil
+                record.dialing = true
+                peers[fingerprint] = record
+                emit(.dial(record.id, endpoints: rankedEndpoints(record)))
+            }
+            if let upgrade = upgradeDeadline(record), now >= upgrade, !record.dialing {
+                record.upgradeSeenAt = nil
+                record.redialAt = now + policy.redialInterval
+                record.dialing = true
+                peers[fingerprint] = record
+                emit(.dial(record.id, endpoints: betterEndpoints(record)))
             }
         }
         for fingerprint in peers.keys.sorted() {

@@ -85,6 +85,18 @@ public struct SessionPolicy: Hashable, Sendable {
     /// a Bluetooth device that refuses the inviter's pairing because it keeps a bond the
     /// inviter no longer has. The tie-break settles it if both invitations get through.
     public var automaticFallback: Duration
+    /// How long a member whose last link failed stays in the session while it is dialled again
+    /// on every transport that knows it (its frames kept, see ``Continuity``); it leaves
+    /// (``PeerState/notConnected``) only when no link comes back within this long. A member
+    /// that left on purpose (`GO_AWAY` 0, `LEAVE`) leaves at once. Zero turns this off.
+    public var reconnectGrace: Duration
+    /// How often a member in its reconnect grace is dialled again.
+    public var redialInterval: Duration
+    /// Each transport's rank (`tcp`, `l2cap`, `rfcomm`, ...): when a pair has links on several
+    /// transports, the best ranked carries its frames and the others are closed once drained;
+    /// a connected peer found on a better ranked transport is dialled there (an upgrade).
+    /// Transports not listed rank 0.
+    public var transportRanks: [String: Int]
 
     public init(
         maximumPeers: Int = SessionPolicy.largestSession,
@@ -95,7 +107,10 @@ public struct SessionPolicy: Hashable, Sendable {
         replacementGrace: Duration = .seconds(10),
         idleLinkTimeout: Duration = .seconds(10),
         maximumQueuedDatagrams: Int = 8,
-        automaticFallback: Duration = .seconds(10)
+        automaticFallback: Duration = .seconds(10),
+        reconnectGrace: Duration = .seconds(30),
+        redialInterval: Duration = .seconds(2),
+        transportRanks: [String: Int] = SessionPolicy.defaultTransportRanks
     ) {
         self.maximumPeers = maximumPeers
         self.invitationTimeout = invitationTimeout
@@ -106,7 +121,16 @@ public struct SessionPolicy: Hashable, Sendable {
         self.idleLinkTimeout = idleLinkTimeout
         self.maximumQueuedDatagrams = maximumQueuedDatagrams
         self.automaticFallback = automaticFallback
+        self.reconnectGrace = reconnectGrace
+        self.redialInterval = redialInterval
+        self.transportRanks = transportRanks
     }
+
+    /// The default ranks: TCP (the LAN) first, then L2CAP, then RFCOMM.
+    public static let defaultTransportRanks: [String: Int] = ["tcp": 30, "l2cap": 20, "rfcomm": 10]
+
+    /// The rank of `transport` (0 when not listed).
+    public func rank(of transport: String) -> Int { transportRanks[transport] ?? 0 }
 
     /// Invitations answered by the app, 8 peers, 30 s invitations.
     public static let `default` = SessionPolicy()
@@ -124,13 +148,16 @@ public struct SessionPolicy: Hashable, Sendable {
         let durations: [(String, Duration)] = [
             ("invitation timeout", invitationTimeout), ("join timeout", joinTimeout),
             ("replacement grace", replacementGrace), ("idle link timeout", idleLinkTimeout),
-            ("automatic fallback", automaticFallback),
+            ("automatic fallback", automaticFallback), ("redial interval", redialInterval),
         ]
         for (name, value) in durations where value <= .zero {
             throw PeerLinkError(.invalidParameter, "the session's \(name) must be longer than zero")
         }
         guard responseGrace >= .zero else {
             throw PeerLinkError(.invalidParameter, "the session's response grace cannot be negative")
+        }
+        guard reconnectGrace >= .zero else {
+            throw PeerLinkError(.invalidParameter, "the session's reconnect grace cannot be negative")
         }
         guard maximumQueuedDatagrams >= 1 else {
             throw PeerLinkError(.invalidParameter, "at least one unreliable message must be allowed to queue")
@@ -210,6 +237,9 @@ public enum SessionEvent: Hashable, Sendable, CustomStringConvertible {
     case joinRefused(PeerID, code: GoAwayCode?, reason: String)
     /// A message from a connected peer: `reliable` tells which mode it was sent in.
     case messageReceived(PeerID, [UInt8], reliable: Bool)
+    /// A member's frames now go over another link (a failover, an upgrade, a reconnect): the
+    /// peer stays connected, nothing is lost.
+    case linkChanged(PeerID, LinkID)
 
     public var description: String {
         switch self {
@@ -224,6 +254,7 @@ public enum SessionEvent: Hashable, Sendable, CustomStringConvertible {
             "join with \(peer) refused" + (code.map { ", code \($0)" } ?? "") + ": \(reason)"
         case .messageReceived(let peer, let data, let reliable):
             "\(reliable ? "message" : "datagram") of \(data.count) bytes from \(peer)"
+        case .linkChanged(let peer, let link): "\(peer) now on \(link)"
         }
     }
 }

@@ -7,6 +7,7 @@ public enum FrameType: UInt8, Hashable, Sendable, CaseIterable, CustomStringConv
     case control = 4
     case message = 5
     case datagram = 6
+    case ack = 7
 
     public var description: String {
         switch self {
@@ -17,6 +18,7 @@ public enum FrameType: UInt8, Hashable, Sendable, CaseIterable, CustomStringConv
         case .control: "CONTROL"
         case .message: "MESSAGE"
         case .datagram: "DATAGRAM"
+        case .ack: "ACK"
         }
     }
 
@@ -25,7 +27,17 @@ public enum FrameType: UInt8, Hashable, Sendable, CaseIterable, CustomStringConv
     public var hasID: Bool {
         switch self {
         case .data, .windowUpdate, .message: true
-        case .ping, .goAway, .control, .datagram: false
+        case .ping, .goAway, .control, .datagram, .ack: false
+        }
+    }
+
+    /// Whether frames of this type are *sequenced*: numbered per pair of peers (not per link),
+    /// kept by the sender until acknowledged and sent again on the next link, so they survive a
+    /// link change (see the *Sessions* article). Their header carries the 8-byte sequence number.
+    public var isSequenced: Bool {
+        switch self {
+        case .data, .windowUpdate, .message: true
+        case .ping, .goAway, .control, .datagram, .ack: false
         }
     }
 }
@@ -58,39 +70,54 @@ public struct FrameFlags: OptionSet, Hashable, Sendable, CustomStringConvertible
     }
 }
 
-/// The 12-byte header in front of every frame.
+/// The header in front of every frame: 12 bytes, and 8 more (the sequence number) on the
+/// sequenced types (``FrameType/isSequenced``).
 public struct FrameHeader: Hashable, Sendable {
+    /// The size of the fixed part: version, type, flags, stream id, length.
     public static let length = WireFormat.frameHeaderLength
+    /// The size of the sequence number that follows the fixed part on sequenced types.
+    public static let sequenceLength = 8
 
     public var version: UInt8
     public var type: FrameType
     public var flags: FrameFlags
     public var streamID: UInt32
     public var length: UInt32
+    /// The frame's sequence number: present exactly on the sequenced types, never 0.
+    public var sequence: UInt64?
 
-    public init(version: UInt8 = WireFormat.version, type: FrameType, flags: FrameFlags, streamID: UInt32, length: UInt32) {
+    public init(
+        version: UInt8 = WireFormat.version, type: FrameType, flags: FrameFlags, streamID: UInt32, length: UInt32,
+        sequence: UInt64? = nil
+    ) {
         self.version = version
         self.type = type
         self.flags = flags
         self.streamID = streamID
         self.length = length
+        self.sequence = sequence
     }
+
+    /// The header's size on the wire: 12, or 20 with a sequence number.
+    public var encodedLength: Int { Self.length + (type.isSequenced ? Self.sequenceLength : 0) }
 
     public func encoded() -> [UInt8] {
         var bytes: [UInt8] = [version, type.rawValue]
+        bytes.reserveCapacity(encodedLength)
         bytes.appendBigEndian(flags.rawValue)
         bytes.appendBigEndian(streamID)
         bytes.appendBigEndian(length)
+        if type.isSequenced { bytes.appendBigEndian(sequence ?? 0) }
         return bytes
     }
 
-    /// Decodes the header at the start of `bytes` (which must hold at least 12) and checks
-    /// everything the header alone can tell: version, type, payload limit and stream id.
+    /// Decodes the header at the start of `bytes` and checks everything the header alone can
+    /// tell: version, type, payload limit, stream id, and the sequence number of a sequenced type.
     public static func decode(_ bytes: ArraySlice<UInt8>) throws(WireError) -> FrameHeader {
         var reader = WireReader(bytes)
         guard let version = reader.uint8(), let typeByte = reader.uint8(), let flags = reader.uint16(),
             let streamID = reader.uint32(), let length = reader.uint32()
-        else { throw .malformed("a frame header is 12 bytes, got \(bytes.count)") }
+        else { throw .malformed("a frame header is at least 12 bytes, got \(bytes.count)") }
         guard version == WireFormat.version else {
             throw .malformed("frame version \(version) is not \(WireFormat.version)")
         }
@@ -105,7 +132,16 @@ public struct FrameHeader: Hashable, Sendable {
         } else if !type.hasID, streamID != 0 {
             throw .malformed("a \(type) frame has stream id \(streamID), not 0")
         }
-        return FrameHeader(version: version, type: type, flags: FrameFlags(rawValue: flags), streamID: streamID, length: length)
+        var sequence: UInt64?
+        if type.isSequenced {
+            guard let number = reader.uint64() else {
+                throw .malformed("a \(type) frame header is 20 bytes with its sequence number, got \(bytes.count)")
+            }
+            guard number != 0 else { throw .malformed("a \(type) frame has sequence number 0") }
+            sequence = number
+        }
+        return FrameHeader(
+            version: version, type: type, flags: FrameFlags(rawValue: flags), streamID: streamID, length: length, sequence: sequence)
     }
 }
 
@@ -128,6 +164,8 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
     case message(id: UInt32, flags: FrameFlags, chunk: [UInt8])
     /// One unreliable message, whole.
     case datagram([UInt8])
+    /// Every sequenced frame up to this sequence number arrived (see ``FrameType/isSequenced``).
+    case ack(receivedThrough: UInt64)
 
     public var type: FrameType {
         switch self {
@@ -138,6 +176,7 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
         case .control: .control
         case .message: .message
         case .datagram: .datagram
+        case .ack: .ack
         }
     }
 
@@ -150,15 +189,19 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
         case .control(let message): "CONTROL \(message)"
         case .message(let id, let flags, let chunk): "MESSAGE \(id) \(flags) \(chunk.count) bytes"
         case .datagram(let payload): "DATAGRAM \(payload.count) bytes"
+        case .ack(let through): "ACK through \(through)"
         }
     }
 
     /// The frame's bytes: header and payload.
     ///
+    /// - Parameter sequence: the sequence number of a sequenced frame (``FrameType/isSequenced``):
+    ///   required there (1 or more), and only there.
     /// - Throws: a ``WireError`` (code 1) for a frame the format cannot carry: a payload over
-    ///   16384 bytes, id 0 on a `DATA`, `WINDOW_UPDATE` or `MESSAGE` frame, or a control
-    ///   message that cannot be encoded. A `GO_AWAY` reason that does not fit is cut instead.
-    public func encoded() throws(WireError) -> [UInt8] {
+    ///   16384 bytes, id 0 on a `DATA`, `WINDOW_UPDATE` or `MESSAGE` frame, a sequence number
+    ///   missing on a sequenced frame or given to another, or a control message that cannot be
+    ///   encoded. A `GO_AWAY` reason that does not fit is cut instead.
+    public func encoded(sequence: UInt64? = nil) throws(WireError) -> [UInt8] {
         let id: UInt32
         let flags: FrameFlags
         var payload: [UInt8] = []
@@ -182,31 +225,61 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
             (id, flags, payload) = (messageID, messageFlags, chunk)
         case .datagram(let bytes):
             (id, flags, payload) = (0, [], bytes)
+        case .ack(let through):
+            (id, flags) = (0, [])
+            payload.appendBigEndian(through)
         }
         if type.hasID, id == 0 { throw .malformed("a \(type) frame needs a non-zero id") }
+        if type.isSequenced {
+            guard let sequence, sequence != 0 else { throw .malformed("a \(type) frame needs a sequence number (1 or more)") }
+        } else if sequence != nil {
+            throw .malformed("a \(type) frame carries no sequence number")
+        }
         guard payload.count <= WireFormat.maxFramePayload else {
             throw .malformed(
                 "a \(type) frame of \(payload.count) bytes is over the limit of \(WireFormat.maxFramePayload)")
         }
-        let header = FrameHeader(type: type, flags: flags, streamID: id, length: UInt32(payload.count))
-        return header.encoded() + payload
+        let header = FrameHeader(type: type, flags: flags, streamID: id, length: UInt32(payload.count), sequence: sequence)
+        var bytes = header.encoded()
+        bytes.append(contentsOf: payload)
+        return bytes
     }
 
-    /// Decodes a record's body (after decryption) as exactly one frame.
+    /// Decodes a record's body (after decryption): one or more whole frames, back to back.
     ///
-    /// - Throws: a ``WireError`` (code 1): a record shorter than a header, an unknown version
-    ///   or type, a payload over the limit or of a size the type does not allow, a length that
-    ///   disagrees with the record, an id that does not fit the type, a malformed control message.
+    /// - Throws: a ``WireError`` (code 1): an empty record, a frame cut short by the record's
+    ///   end, an unknown version or type, a payload over the limit or of a size the type does
+    ///   not allow, an id that does not fit the type, a missing or zero sequence number, a
+    ///   malformed control message.
+    public static func decodeRecord(_ record: ArraySlice<UInt8>) throws(WireError) -> [(frame: Frame, sequence: UInt64?)] {
+        guard !record.isEmpty else { throw .malformed("a record holds no frame") }
+        var frames: [(frame: Frame, sequence: UInt64?)] = []
+        var rest = record
+        while !rest.isEmpty {
+            guard rest.count >= FrameHeader.length else {
+                throw .malformed("a record ends with \(rest.count) bytes, shorter than a frame header (12)")
+            }
+            let header = try FrameHeader.decode(rest)
+            let start = rest.startIndex + header.encodedLength
+            guard rest.count >= header.encodedLength + Int(header.length) else {
+                throw .malformed(
+                    "the \(header.type) frame says \(header.length) bytes but the record holds \(rest.count - header.encodedLength)")
+            }
+            let payload = rest[start..<(start + Int(header.length))]
+            frames.append((try decodePayload(header, payload), header.sequence))
+            rest = rest[(start + Int(header.length))...]
+        }
+        return frames
+    }
+
+    /// Decodes a record's body that holds exactly one frame (the sequence number, if any, is dropped).
     public static func decode(_ record: ArraySlice<UInt8>) throws(WireError) -> Frame {
-        guard record.count >= FrameHeader.length else {
-            throw .malformed("a record of \(record.count) bytes is shorter than a frame header (12)")
-        }
-        let header = try FrameHeader.decode(record)
-        let payload = record.dropFirst(FrameHeader.length)
-        guard payload.count == Int(header.length) else {
-            throw .malformed(
-                "the \(header.type) frame says \(header.length) bytes but the record holds \(payload.count)")
-        }
+        let frames = try decodeRecord(record)
+        guard frames.count == 1 else { throw .malformed("the record holds \(frames.count) frames, not one") }
+        return frames[0].frame
+    }
+
+    private static func decodePayload(_ header: FrameHeader, _ payload: ArraySlice<UInt8>) throws(WireError) -> Frame {
         var reader = WireReader(payload)
         switch header.type {
         case .data:
@@ -232,6 +305,11 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
             return .message(id: header.streamID, flags: header.flags, chunk: Array(payload))
         case .datagram:
             return .datagram(Array(payload))
+        case .ack:
+            guard payload.count == 8, let through = reader.uint64() else {
+                throw .malformed("an ACK payload is 8 bytes, not \(payload.count)")
+            }
+            return .ack(receivedThrough: through)
         }
     }
 

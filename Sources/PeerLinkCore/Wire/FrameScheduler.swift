@@ -3,8 +3,8 @@
 /// a `WINDOW_UPDATE` by more than the frame being written.
 ///
 /// Lanes, taken in this order:
-/// 1. **control**: `PING`, `GO_AWAY`, `CONTROL`, `WINDOW_UPDATE` (stream accepts and credit) and
-///    stream resets (`DATA` with `RST`), first in, first out;
+/// 1. **control**: `PING`, `GO_AWAY`, `CONTROL`, `ACK`, `WINDOW_UPDATE` (stream accepts and
+///    credit) and stream resets (`DATA` with `RST`), first in, first out;
 /// 2. **messages**: `MESSAGE` chunks and `DATAGRAM`s, first in, first out;
 /// 3. **data**: other `DATA` frames (`SYN`, bytes, `FIN`), first in, first out within a stream,
 ///    one frame per stream per turn.
@@ -38,7 +38,7 @@ public struct FrameScheduler: Sendable {
     /// The lane a frame waits in.
     public static func lane(of frame: Frame) -> Lane {
         switch frame {
-        case .ping, .goAway, .control, .windowUpdate: .control
+        case .ping, .goAway, .control, .windowUpdate, .ack: .control
         case .message, .datagram: .messages
         case .data(_, let flags, _): flags.contains(.rst) ? .control : .data
         }
@@ -97,16 +97,17 @@ public struct FrameScheduler: Sendable {
     /// Drops everything waiting.
     public mutating func removeAll() { self = FrameScheduler() }
 
-    static func size(of frame: Frame) -> Int {
+    /// A frame's size on the wire: header (with the sequence number of a sequenced type) and payload.
+    public static func size(of frame: Frame) -> Int {
         let payload: Int =
             switch frame {
             case .data(_, _, let bytes), .message(_, _, let bytes), .datagram(let bytes): bytes.count
             case .windowUpdate: 4
-            case .ping: 8
+            case .ping, .ack: 8
             case .goAway(_, let reason): 4 + reason.utf8.count
             case .control(let message): (try? message.encoded())?.count ?? 0
             }
-        return WireFormat.frameHeaderLength + payload
+        return WireFormat.frameHeaderLength + (frame.type.isSequenced ? FrameHeader.sequenceLength : 0) + payload
     }
 }
 

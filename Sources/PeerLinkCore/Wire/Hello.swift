@@ -30,24 +30,47 @@ public struct SessionID: Hashable, Sendable, CustomStringConvertible {
     }
 }
 
-/// What a side says about itself inside the Noise handshake: its display name, and the session
-/// it is in or joins (if any).
+/// One run of a peer: a random number a session draws when it starts. A peer whose links
+/// come and go within one incarnation resumes where it was (its sequenced frames continue); a
+/// new incarnation (the process restarted) starts afresh.
+public struct Incarnation: Hashable, Sendable, CustomStringConvertible {
+    public let value: UInt64
+
+    public init(_ value: UInt64) { self.value = value }
+
+    /// A new random incarnation.
+    public static func random() -> Incarnation {
+        var generator = SystemRandomNumberGenerator()
+        return Incarnation(UInt64.random(in: 1 ... .max, using: &generator))
+    }
+
+    public var description: String { WireText.hex(value) }
+}
+
+/// What a side says about itself inside the Noise handshake: its display name, the session it is
+/// in or joins (if any), and its incarnation.
 ///
 /// On the wire a list of fields `type (1) | length (2) | value`: 1 the display name (required,
-/// 1–63 bytes, a valid ``DisplayName``), 2 the session (16 bytes). Unknown field types are
-/// skipped; a known field twice, a field running past the end, or a missing name is malformed.
+/// 1–63 bytes, a valid ``DisplayName``), 2 the session (16 bytes), 3 the incarnation (8
+/// bytes). Unknown field types are skipped; a known field twice, a field running past the end,
+/// or a missing name is malformed.
 public struct Hello: Hashable, Sendable {
     enum Field: UInt8 {
         case displayName = 1
         case session = 2
+        case incarnation = 3
     }
 
     public var displayName: DisplayName
     public var session: SessionID?
+    /// The sender's incarnation; nil from a side that does not resume links (it never keeps
+    /// frames for a next link).
+    public var incarnation: Incarnation?
 
-    public init(displayName: DisplayName, session: SessionID? = nil) {
+    public init(displayName: DisplayName, session: SessionID? = nil, incarnation: Incarnation? = nil) {
         self.displayName = displayName
         self.session = session
+        self.incarnation = incarnation
     }
 
     public func encoded() -> [UInt8] {
@@ -61,6 +84,11 @@ public struct Hello: Hashable, Sendable {
             bytes.appendBigEndian(UInt16(SessionID.length))
             bytes += session.bytes
         }
+        if let incarnation {
+            bytes.append(Field.incarnation.rawValue)
+            bytes.appendBigEndian(UInt16(8))
+            bytes.appendBigEndian(incarnation.value)
+        }
         return bytes
     }
 
@@ -69,6 +97,7 @@ public struct Hello: Hashable, Sendable {
         var reader = WireReader(bytes)
         var name: DisplayName?
         var session: SessionID?
+        var incarnation: Incarnation?
         while !reader.isAtEnd {
             guard let type = reader.uint8(), let length = reader.uint16() else {
                 throw .malformed("the hello ends inside a field header")
@@ -91,12 +120,19 @@ public struct Hello: Hashable, Sendable {
                     throw .malformed("the hello's session is \(length) bytes, not \(SessionID.length)")
                 }
                 session = id
+            case .incarnation:
+                guard incarnation == nil else { throw .malformed("the hello has two incarnations") }
+                var field = WireReader(value)
+                guard length == 8, let number = field.uint64(), number != 0 else {
+                    throw .malformed("the hello's incarnation is \(length) bytes, not 8 (or it is 0)")
+                }
+                incarnation = Incarnation(number)
             case nil:
                 continue  // a field a later version added
             }
         }
         guard let name else { throw .malformed("the hello has no display name") }
-        return Hello(displayName: name, session: session)
+        return Hello(displayName: name, session: session, incarnation: incarnation)
     }
 
     public static func decode(_ bytes: [UInt8]) throws(WireError) -> Hello {

@@ -7,6 +7,9 @@ public enum LinkOutput: Hashable, Sendable, CustomStringConvertible {
     /// A frame from the peer. `PING` frames are never surfaced (requests are answered by the
     /// machine, replies only measure the round trip); a `GO_AWAY` becomes ``closed(code:reason:byPeer:)``.
     case frame(Frame)
+    /// A sequenced frame from the peer (``FrameType/isSequenced``) with its sequence number:
+    /// the owner's continuity decides whether it is new or a duplicate.
+    case sequenced(Frame, sequence: UInt64)
     /// The link is over: write out every `send` before it, then shut the link down. Reported
     /// exactly once; afterwards every call returns nothing. `byPeer` tells whether the peer
     /// ended it (its refusal, `GO_AWAY`, or its end of the stream) or this side did.
@@ -18,6 +21,7 @@ public enum LinkOutput: Hashable, Sendable, CustomStringConvertible {
         case .established(let remote, _, let encrypted, let version):
             "established with \(remote), version \(version), \(encrypted ? "encrypted" : "not encrypted")"
         case .frame(let frame): "frame \(frame)"
+        case .sequenced(let frame, let sequence): "frame \(frame) #\(sequence)"
         case .closed(let code, let reason, let byPeer): "closed \(byPeer ? "by the peer" : "locally"), code \(code): \(reason)"
         }
     }
@@ -203,10 +207,12 @@ public struct LinkStateMachine: Sendable {
     /// Sends one frame (sealed when encryption is on). A `GO_AWAY` frame closes the link, as
     /// ``close(code:reason:)`` does. After the link closed, returns nothing.
     ///
+    /// - Parameter sequence: the sequence number of a sequenced frame (required there, and
+    ///   only there: see ``Frame/encoded(sequence:)``).
     /// - Throws: a ``WireError`` before the link is established (code 10), or for a frame the
-    ///   format cannot carry (code 1; see ``Frame/encoded()``). Nothing is sent then and the
-    ///   link stays as it was.
-    public mutating func send(_ frame: Frame, at now: Duration) throws(WireError) -> [LinkOutput] {
+    ///   format cannot carry (code 1; see ``Frame/encoded(sequence:)``). Nothing is sent then and
+    ///   the link stays as it was.
+    public mutating func send(_ frame: Frame, sequence: UInt64? = nil, at now: Duration) throws(WireError) -> [LinkOutput] {
         guard state != .closed else { return [] }
         guard state == .established else {
             throw WireError(.internalError, "the link is not established yet: send frames after .established")
@@ -216,7 +222,7 @@ public struct LinkStateMachine: Sendable {
             finish(code, reason, byPeer: false)
             return flush()
         }
-        sendRecord(try frame.encoded())
+        sendRecord(try frame.encoded(sequence: sequence))
         return flush()
     }
 
@@ -452,7 +458,14 @@ public struct LinkStateMachine: Sendable {
                     return true
                 }
             }
-            handle(try Frame.decode(plaintext))
+            for (frame, sequence) in try Frame.decodeRecord(plaintext[...]) {
+                guard state == .established else { break }
+                if let sequence {
+                    output.append(.sequenced(frame, sequence: sequence))
+                } else {
+                    handle(frame)
+                }
+            }
         } catch {
             finish(error.code, error.reason, byPeer: false)
         }

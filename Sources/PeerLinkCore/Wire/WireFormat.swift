@@ -1,11 +1,14 @@
-/// The constants of PeerLink's link protocol, version 1 (the *Wire Format* article is the spec).
+/// The constants of PeerLink's link protocol, version 2 (the *Wire Format* article is the spec).
 public enum WireFormat {
     /// The first four bytes of every preface: `P` `L` `N` `K`.
     public static let magic: [UInt8] = [0x50, 0x4C, 0x4E, 0x4B]
-    /// The protocol version this implementation speaks.
-    public static let version: UInt8 = 1
+    /// The protocol version this implementation speaks. Version 2 added sequenced frames and
+    /// `ACK` (a session survives a link change), records of several frames, and the hello's
+    /// incarnation; a version 1 peer and this one share no version, and each refuses the other
+    /// with code 2 naming the versions it speaks.
+    public static let version: UInt8 = 2
     /// Every version this implementation speaks, highest first (what a preface lists by default).
-    public static let supportedVersions: [UInt8] = [1]
+    public static let supportedVersions: [UInt8] = [2]
 
     /// The largest preface: magic, count, 255 versions, encryption, service length, 15 bytes.
     public static let maxPrefaceLength = 4 + 1 + 255 + 1 + 1 + ServiceType.maximumLength
@@ -14,7 +17,8 @@ public enum WireFormat {
     /// The largest Noise handshake message (it travels behind a 2-byte length).
     public static let maxHandshakeMessageLength = 65535
 
-    /// The size of a frame header: version, type, flags, stream id, length.
+    /// The size of a frame header's fixed part: version, type, flags, stream id, length (a
+    /// sequenced frame's 8-byte sequence number follows it).
     public static let frameHeaderLength = 12
     /// The largest frame payload (the maximum frame size).
     public static let maxFramePayload = 16384
@@ -36,9 +40,10 @@ public enum WireFormat {
     /// The largest send window a stream may reach through `WINDOW_UPDATE`s.
     public static let maxStreamWindow = Int(UInt32.max)
 
-    /// The largest record body: a whole frame, plus the tag when encryption is on.
+    /// The largest record body: what its 2-byte length allows. A record holds one or more whole
+    /// frames (plus the tag when encryption is on).
     public static func maxRecordLength(encrypted: Bool) -> Int {
-        frameHeaderLength + maxFramePayload + (encrypted ? tagLength : 0)
+        Int(UInt16.max)
     }
 
     /// The smallest record body: a frame header, plus the tag when encryption is on.

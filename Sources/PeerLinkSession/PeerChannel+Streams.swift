@@ -1,8 +1,9 @@
 import PeerLinkCore
 import Synchronization
 
-// The streams of a link: the StreamTable's accounting under the link's lock, the bytes that
-// arrived and were not read yet, and the tasks waiting for credit, room, bytes or an accept.
+// The streams of a pair of peers: the StreamTable's accounting under the channel's lock, the
+// bytes that arrived and were not read yet, and the tasks waiting for credit, room, bytes or an
+// accept. They belong to the channel, not a link: a stream goes on across a link change.
 
 /// The runtime side of one stream.
 struct StreamSlot {
@@ -26,33 +27,33 @@ struct StreamSlot {
 }
 
 /// A task waiting for something to change on a stream (nil: on any stream, such as room in the
-/// link's data lane).
+/// channel's data lane).
 struct StreamWaiter {
     let stream: UInt32?
     /// Resumes the task: to look again (nil), or with an error.
     let resume: @Sendable ((any Error)?) -> Void
 }
 
-extension Link {
+extension PeerChannel {
     // MARK: - Incoming
 
     /// A `DATA` or `WINDOW_UPDATE` from the peer (under the lock): the table's accounting, then
-    /// the runtime's. A protocol error closes the link.
-    func receiveStreamFrame(_ frame: Frame, in state: inout State) -> [LogEntry] {
+    /// the runtime's. Returns the rule the peer broke, if it did (the link closes then).
+    func receiveStreamFrame(_ frame: Frame, in state: inout State) -> WireError? {
         let outcome: StreamTable.Outcome
         do throws(WireError) {
             outcome = try state.streams.receive(frame)
         } catch {
-            return apply(state.machine.close(code: error.code, reason: error.reason), to: &state, from: .read)
+            return error
         }
         for frame in outcome.frames { state.scheduler.enqueue(frame) }
+        if !outcome.frames.isEmpty, let active = state.active { state.outbox.add { active.wakeFromChannel() } }
         for event in outcome.events {
             switch event {
             case .opened(let id, let name):
                 state.slots[id] = StreamSlot(name: name, accepted: true)
-                guard case .success(let established)? = state.established else { continue }
-                let stream = PeerStream(link: self, id: id, name: name, peer: established.remote, isOutgoing: false)
-                state.outbox.add { self.eventSink.yield(.streamOpened(stream)) }
+                let stream = PeerStream(channel: self, id: id, name: name, peer: peer, isOutgoing: false)
+                state.outbox.add { self.streamOpened(stream) }
             case .accepted(let id):
                 state.slots[id]?.accepted = true
                 wakeStreamWaiters(&state, stream: id)
@@ -78,24 +79,28 @@ extension Link {
                 wakeStreamWaiters(&state, stream: id)
             }
         }
-        return []
+        return nil
     }
 
-    /// The link closed (under the lock): every stream still going ends with `notConnected`;
-    /// bytes that arrived can still be read.
-    func endStreams(in state: inout State, closure: Closure) {
+    /// The channel is over (under the lock): every stream still going ends with `error`; bytes
+    /// that arrived can still be read.
+    func endStreams(in state: inout State, error: PeerLinkError) {
         _ = state.streams.removeAll()
-        state.scheduler.removeAll()
         for id in state.slots.keys {
             guard var slot = state.slots[id], slot.failure == nil else { continue }
             let finishedBothWays = slot.remoteFinished && slot.localFinished
             guard !finishedBothWays else { continue }
             slot.failure = PeerLinkError(
-                .notConnected,
-                "stream \"\(slot.name)\" ended: the link to the peer closed (\(closure.reason)); open it again once the peer is connected")
+                .notConnected, "stream \"\(slot.name)\" ended: \(error.message); open it again once the peer is connected")
             state.slots[id] = slot
         }
         wakeStreamWaiters(&state, stream: nil, all: true)
+    }
+
+    /// Wakes the active link's writer (once the lock is released): frames are waiting.
+    func wakeWriter(_ state: inout State) {
+        guard let active = state.active else { return }
+        state.outbox.add { active.wakeFromChannel() }
     }
 
     /// Resumes the tasks waiting on `stream` (and those waiting on any stream); with `all`,
@@ -154,14 +159,14 @@ extension Link {
     }
 }
 
-extension Link {
+extension PeerChannel {
     // MARK: - Operations behind PeerStream
 
-    /// Opens a stream named `name` on this link and waits for the peer to accept it.
+    /// Opens a stream named `name` to the peer and waits for the peer to accept it.
     ///
-    /// - Throws: ``PeerLinkError`` `notConnected` before the handshake, once the link is closed
-    ///   or when it closes first; `invalidParameter` for a name that is empty or over 255 bytes;
-    ///   `unavailable` with 256 streams open, or when the peer refused the stream.
+    /// - Throws: ``PeerLinkError`` `notConnected` once the channel is over (the peer left);
+    ///   `invalidParameter` for a name that is empty or over 255 bytes; `unavailable` with 256
+    ///   streams open, or when the peer refused the stream.
     public func openStream(named name: String) async throws -> PeerStream {
         let stream = try beginStream(named: name)
         try await waitUntilAccepted(stream)
@@ -171,30 +176,25 @@ extension Link {
     /// Opens a stream named `name`: queues its `SYN` at once and returns the stream. Wait for
     /// the peer's answer with ``waitUntilAccepted(_:)``.
     ///
-    /// - Throws: ``PeerLinkError`` `notConnected` before the handshake or once the link is
-    ///   closed; `invalidParameter` for a bad name; `unavailable` with too many streams open.
+    /// - Throws: ``PeerLinkError`` `notConnected` once the channel is over; `invalidParameter`
+    ///   for a bad name; `unavailable` with too many streams open.
     func beginStream(named name: String) throws(PeerLinkError) -> PeerStream {
         try state.withLockThenDeliver { state throws(PeerLinkError) -> PeerStream in
             if let closure = state.closure {
-                throw PeerLinkError(
-                    .notConnected,
-                    "the peer is not connected: its link (\(channel.remoteDescription)) closed (\(closure.reason)); open the stream once it is connected again")
-            }
-            guard case .success(let established)? = state.established else {
-                throw PeerLinkError(.notConnected, "the link to \(channel.remoteDescription) is not established yet")
+                throw PeerLinkError(.notConnected, "\(peer) is not connected (\(closure.message)): open the stream once it is connected again")
             }
             let (id, syn) = try state.streams.open(name: name)
             state.slots[id] = StreamSlot(name: name, accepted: false)
             state.scheduler.enqueue(syn)
             wakeWriter(&state)
-            return PeerStream(link: self, id: id, name: name, peer: established.remote, isOutgoing: true)
+            return PeerStream(channel: self, id: id, name: name, peer: peer, isOutgoing: true)
         }
     }
 
     /// Waits for the peer to accept `stream`. Cancelling the wait resets the stream.
     ///
     /// - Throws: ``PeerLinkError`` `unavailable` when the peer refused it (its `RST`),
-    ///   `notConnected` when the link closed first, `CancellationError`.
+    ///   `notConnected` when the channel ended first, `CancellationError`.
     func waitUntilAccepted(_ stream: PeerStream) async throws {
         do {
             _ = try await waitUntil(stream: stream.id) { state throws(PeerLinkError) -> Bool? in
@@ -220,14 +220,14 @@ extension Link {
                     throw PeerLinkError(.invalidParameter, "stream \"\(slot.name)\" was finished: nothing more can be written to it")
                 }
                 guard offset < bytes.count else { return 0 }
-                let room = self.maxQueuedDataBytes - state.scheduler.queuedDataBytes
+                let room = maxQueuedDataBytes - state.scheduler.queuedDataBytes
                 guard room > 0 else { return nil }
                 let wanted = min(bytes.count - offset, WireFormat.maxFramePayload, room)
                 let credit = state.streams.takeCredit(id, upTo: wanted)
                 guard credit > 0 else { return nil }
                 state.scheduler.enqueue(.data(stream: id, flags: [], payload: Array(bytes[offset..<offset + credit])))
                 state.peakQueuedDataBytes = max(state.peakQueuedDataBytes, state.scheduler.queuedDataBytes)
-                self.wakeWriter(&state)
+                wakeWriter(&state)
                 return credit
             }
             written += sent
@@ -279,7 +279,7 @@ extension Link {
                 state.slots[id] = slot
                 if let update = state.streams.consumed(id, count: chunk.count) {
                     state.scheduler.enqueue(update)
-                    self.wakeWriter(&state)
+                    wakeWriter(&state)
                 }
                 return .chunk(chunk)
             }
@@ -291,7 +291,7 @@ extension Link {
         return nil
     }
 
-    /// Streams open on this link (both directions), and bytes received and not read yet.
+    /// Streams open to the peer (both directions), and bytes received and not read yet.
     var streamCounts: (open: Int, unreadBytes: Int) {
         state.withLock { state in
             let unread = state.slots.values.reduce(0) { total, slot in

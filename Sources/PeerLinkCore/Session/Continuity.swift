@@ -1,0 +1,175 @@
+/// The reliable delivery between the local peer and one remote peer, across links: the
+/// sequence numbers of sequenced frames (``FrameType/isSequenced``: reliable message chunks,
+/// stream data and stream credit), what was sent and not yet acknowledged, and what arrived.
+///
+/// It belongs to the pair of peers — one incarnation of each (``Incarnation``) — not to a link,
+/// so it outlives the link that carried its frames:
+///
+/// - **Sending.** A sequenced frame gets the next number when it is written to a link
+///   (``stamp(_:size:)``), in the order frames are written, whichever link carries them. It is
+///   kept until the peer acknowledges it (``acknowledge(through:)``). When frames start going
+///   out on another link, every kept frame is written there again first, in order
+///   (``retained(after:)``).
+/// - **Receiving.** A sequenced frame is taken only if its number is exactly one more than what
+///   arrived so far (``receive(_:size:at:)``): a smaller one is a copy already taken (sent again
+///   on a new link while the old one still delivered it), a larger one came after a gap (the
+///   sender sends it again from the gap). Either way it is dropped. So every sequenced frame is
+///   taken exactly once, in order, whatever links carried it.
+/// - **Acknowledging.** The receiver answers with `ACK` (the highest number taken in order):
+///   after ``Policy/ackEveryFrames`` frames or ``Policy/ackEveryBytes`` bytes, ``Policy/ackDelay``
+///   after the first frame not yet acknowledged, and at once when a link starts carrying the
+///   pair or a copy or gap arrives (``acknowledgment(at:)``).
+///
+/// Pure value: no I/O, no clock (the time is passed in).
+public struct Continuity: Sendable {
+    public struct Policy: Hashable, Sendable {
+        /// An `ACK` goes out once this many sequenced frames arrived since the last one.
+        public var ackEveryFrames: Int
+        /// … or this many bytes of them.
+        public var ackEveryBytes: Int
+        /// … or this long after the first of them arrived.
+        public var ackDelay: Duration
+        /// The most bytes of sequenced frames kept for the peer, unacknowledged; the sender
+        /// writes no new sequenced frame beyond it (``canSend``) until acknowledgements come.
+        public var maxRetainedBytes: Int
+
+        public init(
+            ackEveryFrames: Int = 32, ackEveryBytes: Int = 64 * 1024, ackDelay: Duration = .milliseconds(20),
+            maxRetainedBytes: Int = 4 * 1024 * 1024
+        ) {
+            self.ackEveryFrames = max(1, ackEveryFrames)
+            self.ackEveryBytes = max(1, ackEveryBytes)
+            self.ackDelay = ackDelay
+            self.maxRetainedBytes = max(WireFormat.maxFramePayload + 64, maxRetainedBytes)
+        }
+
+        public static let `default` = Policy()
+    }
+
+    /// A sequenced frame kept until the peer acknowledges it.
+    public struct Retained: Hashable, Sendable {
+        public var sequence: UInt64
+        public var frame: Frame
+        /// Its size on the wire (header and payload), for the retained-bytes limit.
+        public var size: Int
+    }
+
+    /// How an arriving sequenced frame is treated.
+    public enum Arrival: Hashable, Sendable {
+        /// The next one: take it.
+        case accepted
+        /// A copy of one taken before: drop it.
+        case duplicate
+        /// One after a gap: drop it (the sender sends it again, after the missing ones).
+        case gap
+    }
+
+    public let policy: Policy
+
+    // Sending.
+    /// The number the next stamped frame gets.
+    public private(set) var nextSequence: UInt64 = 1
+    /// Every frame up to this number was acknowledged by the peer.
+    public private(set) var acknowledged: UInt64 = 0
+    private var kept = FIFO<Retained>()
+    /// Bytes of the frames kept.
+    public private(set) var retainedBytes = 0
+
+    // Receiving.
+    /// Every frame up to this number arrived, in order.
+    public private(set) var received: UInt64 = 0
+    /// What the last `ACK` sent said.
+    public private(set) var lastAcknowledgmentSent: UInt64 = 0
+    private var framesSinceAck = 0
+    private var bytesSinceAck = 0
+    /// When an `ACK` is due for frames that arrived (nil: none owed).
+    public private(set) var acknowledgmentDeadline: Duration?
+    /// An `ACK` is owed at once (a new link, a copy or a gap).
+    private var acknowledgeNow = false
+
+    public init(policy: Policy = .default) {
+        self.policy = policy
+    }
+
+    // MARK: - Sending
+
+    /// Whether a new sequenced frame may be written now: false while ``Policy/maxRetainedBytes``
+    /// are kept unacknowledged (the peer is slow to acknowledge, or unreachable).
+    public var canSend: Bool { retainedBytes < policy.maxRetainedBytes }
+
+    /// Frames kept, unacknowledged.
+    public var retainedCount: Int { kept.count }
+
+    /// Gives `frame` the next sequence number and keeps it until acknowledged. `size` is its
+    /// size on the wire.
+    public mutating func stamp(_ frame: Frame, size: Int) -> UInt64 {
+        let sequence = nextSequence
+        nextSequence += 1
+        kept.append(Retained(sequence: sequence, frame: frame, size: size))
+        retainedBytes += size
+        return sequence
+    }
+
+    /// The peer acknowledged every frame up to `through`: they are no longer kept.
+    ///
+    /// - Returns: false when `through` is beyond every number given out (a peer that
+    ///   acknowledges what was never sent breaks the protocol); true otherwise (an old or repeated
+    ///   acknowledgement is fine and changes nothing).
+    @discardableResult
+    public mutating func acknowledge(through: UInt64) -> Bool {
+        guard through < nextSequence else { return false }
+        guard through > acknowledged else { return true }
+        acknowledged = through
+        while let first = kept.first, first.sequence <= through {
+            _ = kept.removeFirst()
+            retainedBytes -= first.size
+        }
+        return true
+    }
+
+    /// The kept frames numbered after `sequence`, in order: what a link that starts carrying the
+    /// pair writes again first (from `max(sequence, acknowledged)`).
+    public func retained(after sequence: UInt64) -> [Retained] {
+        kept.reduce(into: []) { result, item in
+            if item.sequence > sequence { result.append(item) }
+        }
+    }
+
+    // MARK: - Receiving
+
+    /// A sequenced frame numbered `sequence` (of `size` bytes on the wire) arrived at `now`.
+    public mutating func receive(_ sequence: UInt64, size: Int, at now: Duration) -> Arrival {
+        guard sequence == received + 1 else {
+            acknowledgeNow = true
+            return sequence <= received ? .duplicate : .gap
+        }
+        received = sequence
+        framesSinceAck += 1
+        bytesSinceAck += size
+        if acknowledgmentDeadline == nil { acknowledgmentDeadline = now + policy.ackDelay }
+        if framesSinceAck >= policy.ackEveryFrames || bytesSinceAck >= policy.ackEveryBytes { acknowledgeNow = true }
+        return .accepted
+    }
+
+    /// A link starts carrying the pair: the peer learns what arrived at once, so it writes
+    /// again only what is missing.
+    public mutating func linkStarted() {
+        acknowledgeNow = true
+    }
+
+    /// The `ACK` to send at `now`, if one is due: its number (what arrived in order). Taking it
+    /// counts it as sent.
+    public mutating func acknowledgment(at now: Duration) -> UInt64? {
+        let due = acknowledgeNow || (acknowledgmentDeadline.map { now >= $0 } ?? false)
+        guard due else { return nil }
+        acknowledgeNow = false
+        acknowledgmentDeadline = nil
+        framesSinceAck = 0
+        bytesSinceAck = 0
+        lastAcknowledgmentSent = received
+        return received
+    }
+
+    /// Whether an `ACK` is owed at once (without waiting for ``acknowledgmentDeadline``).
+    public var acknowledgmentPending: Bool { acknowledgeNow }
+}

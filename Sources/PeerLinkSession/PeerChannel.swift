@@ -1,0 +1,379 @@
+import Logging
+import PeerLinkCore
+import Synchronization
+
+/// Everything between the local peer and one remote peer that outlives a link: the sequenced
+/// frames (reliable message chunks, stream data and credit) waiting to go out, their
+/// ``PeerLinkCore/Continuity`` (numbers, what is kept until acknowledged, what arrived), and the
+/// streams. One per remote peer and incarnation (``PeerLinkCore/Incarnation``).
+///
+/// Links come and go underneath (a failover, an upgrade, a reconnect): one of them is
+/// **active** (``activate(_:)``) and writes the channel's frames — first every frame kept and
+/// not acknowledged yet, then new ones — while every attached link delivers what arrives. A
+/// frame that arrives twice (written again on a new link while the old one still delivered it)
+/// is taken once. So reliable messages and stream bytes are delivered exactly once, in order,
+/// whatever links carry them; a stream lives as long as the channel, not its link.
+///
+/// Lock order: a ``Link`` may call the channel while holding its own lock; the channel never
+/// calls a link while holding its lock (wake-ups go through its ``Outbox``).
+public final class PeerChannel: Sendable {
+    /// The remote peer.
+    public let peer: PeerID
+    /// The remote peer's incarnation (nil: it does not resume links).
+    public let incarnation: Incarnation?
+    /// How many bytes of sequenced frames other than stream data may wait for a link before a
+    /// sender of messages waits.
+    public let maxQueuedBytes: Int
+    /// How many bytes of stream data may wait for a link, all streams together, before a
+    /// stream's writer waits (besides its credit).
+    public let maxQueuedDataBytes: Int
+
+    let state: Mutex<State>
+    let logger: Logger
+    let clock: LinkClock
+    /// Where streams the peer opens are handed (the session's `incomingStreams`).
+    let streamOpened: @Sendable (PeerStream) -> Void
+
+    /// - Parameters:
+    ///   - localPeer: the local peer: its fingerprint and the peer's decide which stream ids
+    ///     each side opens (the smaller fingerprint odd ones), the same on every link.
+    ///   - streamOpened: called (with no lock held) for each stream the peer opens.
+    init(
+        peer: PeerID, incarnation: Incarnation?, localPeer: PeerID, policy: Continuity.Policy = .default,
+        maxQueuedBytes: Int = 256 * 1024, maxQueuedDataBytes: Int = 256 * 1024, clock: LinkClock, logger: Logger,
+        streamOpened: @escaping @Sendable (PeerStream) -> Void
+    ) {
+        self.peer = peer
+        self.incarnation = incarnation
+        self.maxQueuedBytes = max(1, maxQueuedBytes)
+        self.maxQueuedDataBytes = max(1, maxQueuedDataBytes)
+        self.clock = clock
+        var logger = logger
+        logger[metadataKey: "peer.id"] = "\(peer.fingerprint)"
+        self.logger = logger
+        self.streamOpened = streamOpened
+        let role: LinkStateMachine.Role = localPeer.fingerprint < peer.fingerprint ? .dialer : .listener
+        state = Mutex(State(continuity: Continuity(policy: policy), streams: StreamTable(role: role)))
+    }
+
+    struct State: OutboxOwner {
+        var continuity: Continuity
+        /// Sequenced frames not written yet, in their lanes (credit and resets, messages, data).
+        var scheduler = FrameScheduler()
+        var streams: StreamTable
+        /// The runtime side of every stream (kept, small, once it ended, so a late reader still
+        /// learns how it ended).
+        var slots: [UInt32: StreamSlot] = [:]
+        var streamWaiters: [Int: StreamWaiter] = [:]
+        var nextStreamWaiter = 0
+        var peakQueuedDataBytes = 0
+        var roomWaiters = Waiters<Void>()
+
+        /// The links attached (carrying the pair), and the one that writes.
+        var links: [ObjectIdentifier: Link] = [:]
+        var active: Link?
+        /// Kept frames numbered after this are written again on `active` before new ones.
+        var resendAfter: UInt64 = 0
+        /// The highest sequence number written on each attached link (for draining a link
+        /// before it closes).
+        var lastWritten: [ObjectIdentifier: UInt64] = [:]
+        var drainWaiters: [Int: (link: ObjectIdentifier, through: UInt64, waiter: CheckedContinuation<Void, Never>)] = [:]
+        var nextDrainWaiter = 0
+
+        /// Set once the channel is over (the peer left): every stream ends with it.
+        var closure: PeerLinkError?
+        var outbox = Outbox()
+    }
+
+    // MARK: - Links
+
+    // Calls made under another lock (a link's, the session's) leave what they wake in the
+    // channel's outbox: the caller runs ``deliverPending()`` once its lock is released.
+
+    /// Attaches an established link: what it delivers is the channel's from now on.
+    func attach(_ link: Link) {
+        state.withLock { state in
+            guard state.closure == nil else { return }
+            state.links[ObjectIdentifier(link)] = link
+        }
+    }
+
+    /// The link ended: it writes no more. When it was the active one, frames wait for the next.
+    func detach(_ link: Link) {
+        state.withLock { state in
+            let id = ObjectIdentifier(link)
+            state.links[id] = nil
+            state.lastWritten[id] = nil
+            if state.active === link { state.active = nil }
+            // a drain waiting for this link ends: it writes no more
+            for (key, entry) in state.drainWaiters where entry.link == id {
+                state.drainWaiters[key] = nil
+                state.outbox.add { entry.waiter.resume() }
+            }
+        }
+    }
+
+    /// Makes `link` (attached) the one that writes the channel's frames (nil: none for now):
+    /// it writes again every frame kept and not acknowledged, then new ones.
+    func activate(_ link: Link?) {
+        state.withLock { state in
+            guard state.active !== link else { return }
+            guard let link, state.closure == nil, state.links[ObjectIdentifier(link)] != nil else {
+                state.active = nil
+                return
+            }
+            state.active = link
+            state.resendAfter = state.continuity.acknowledged
+            state.continuity.linkStarted()
+            let kept = state.continuity.retainedCount
+            if kept > 0 {
+                logger.debug(
+                    "writing kept frames again on the new link",
+                    metadata: ["frames": "\(kept)", "bytes": "\(state.continuity.retainedBytes)"])
+            }
+            state.outbox.add { link.wakeFromChannel() }
+        }
+    }
+
+    /// The link the channel's frames go out on now.
+    public var activeLink: Link? { state.withLock { $0.active } }
+
+    /// Waits until every frame written on `link` is acknowledged (it can close without any
+    /// being written again), at most `timeout`; also returns when the link ends.
+    func drained(_ link: Link, within timeout: Duration) async {
+        let key = state.withLock { state -> Int? in
+            let id = ObjectIdentifier(link)
+            guard let written = state.lastWritten[id], written > state.continuity.acknowledged, state.links[id] != nil else {
+                return nil
+            }
+            state.nextDrainWaiter += 1
+            return state.nextDrainWaiter
+        }
+        guard let key else { return }
+        let deadline = clock.now() + timeout
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                await withCheckedContinuation { continuation in
+                    self.state.withLockThenDeliver { state in
+                        let id = ObjectIdentifier(link)
+                        if let written = state.lastWritten[id], written > state.continuity.acknowledged, state.links[id] != nil {
+                            state.drainWaiters[key] = (id, written, continuation)
+                        } else {
+                            state.outbox.add { continuation.resume() }
+                        }
+                    }
+                }
+            }
+            group.addTask { try? await self.clock.sleep(until: deadline) }
+            await group.next()
+            group.cancelAll()
+            self.state.withLockThenDeliver { state in
+                if let entry = state.drainWaiters.removeValue(forKey: key) { state.outbox.add { entry.waiter.resume() } }
+            }
+        }
+    }
+
+    // MARK: - Writing (called by the active link, under its lock)
+
+    /// What `link` writes next: an `ACK` if one is due, then (when `link` is the active one)
+    /// kept frames again, then new sequenced frames, up to `limit` bytes and as the
+    /// unacknowledged-bytes limit allows. Each sequenced frame comes with its number.
+    func take(for link: Link, limit: Int, at now: Duration) -> [(frame: Frame, sequence: UInt64?)] {
+        state.withLock { state -> [(frame: Frame, sequence: UInt64?)] in
+            var taken: [(frame: Frame, sequence: UInt64?)] = []
+            guard state.closure == nil, state.links[ObjectIdentifier(link)] != nil else { return taken }
+            let isActive = state.active === link
+            // ACK on the active link (or on any while none writes).
+            if isActive || state.active == nil, let through = state.continuity.acknowledgment(at: now) {
+                taken.append((.ack(receivedThrough: through), nil))
+            }
+            guard isActive else { return taken }
+            var size = 0
+            if state.resendAfter < state.continuity.nextSequence - 1 {
+                for kept in state.continuity.retained(after: state.resendAfter) {
+                    guard size < limit else { break }
+                    taken.append((kept.frame, kept.sequence))
+                    size += kept.size
+                    state.resendAfter = kept.sequence
+                }
+                if state.resendAfter < state.continuity.nextSequence - 1 {
+                    noteWritten(link, in: &state)
+                    return taken
+                }
+            }
+            let dataBefore = state.scheduler.queuedDataBytes
+            let priorityBefore = state.scheduler.queuedPriorityBytes
+            while size < limit, state.continuity.canSend, let frame = state.scheduler.next() {
+                let frameSize = FrameScheduler.size(of: frame)
+                let sequence = state.continuity.stamp(frame, size: frameSize)
+                state.resendAfter = sequence
+                taken.append((frame, sequence))
+                size += frameSize
+            }
+            noteWritten(link, in: &state)
+            if state.scheduler.queuedDataBytes < dataBefore { wakeStreamWaiters(&state, stream: nil) }
+            if state.scheduler.queuedPriorityBytes < priorityBefore, state.scheduler.queuedPriorityBytes <= maxQueuedBytes {
+                let waiters = state.roomWaiters.removeAll()
+                if !waiters.isEmpty { state.outbox.add { for waiter in waiters { waiter.resume() } } }
+            }
+            return taken
+        }
+    }
+
+    private func noteWritten(_ link: Link, in state: inout State) {
+        if state.continuity.nextSequence > 1 {
+            state.lastWritten[ObjectIdentifier(link)] = state.continuity.nextSequence - 1
+        }
+    }
+
+    /// Whether `link` has something to write now (so its writer should look).
+    func hasWork(for link: Link, at now: Duration) -> Bool {
+        state.withLock { state in
+            guard state.closure == nil else { return false }
+            let isActive = state.active === link
+            if (isActive || state.active == nil), state.continuity.acknowledgmentPending
+                || (state.continuity.acknowledgmentDeadline.map { now >= $0 } ?? false)
+            {
+                return true
+            }
+            guard isActive else { return false }
+            return state.resendAfter < state.continuity.nextSequence - 1 || (!state.scheduler.isEmpty && state.continuity.canSend)
+        }
+    }
+
+    /// When an `ACK` is due on `link` (for its ticker), if it writes them.
+    func acknowledgmentDeadline(for link: Link) -> Duration? {
+        state.withLock { state in
+            guard state.active === link || state.active == nil else { return nil }
+            return state.continuity.acknowledgmentDeadline
+        }
+    }
+
+    // MARK: - Receiving (called by a link, under its lock)
+
+    enum Receipt {
+        /// New: a message chunk for the session.
+        case deliver(Frame)
+        /// New, handled here (stream data or credit).
+        case handled
+        /// A copy, or after a gap: dropped.
+        case dropped
+        /// The peer broke the stream rules: close the link with this error.
+        case violation(WireError)
+    }
+
+    /// A sequenced frame arrived on one of the channel's links.
+    func receive(_ frame: Frame, sequence: UInt64, at now: Duration) -> Receipt {
+        state.withLock { state -> Receipt in
+            guard state.closure == nil else { return .dropped }
+            let hadDeadline = state.continuity.acknowledgmentDeadline != nil
+            let wasPending = state.continuity.acknowledgmentPending
+            let arrival = state.continuity.receive(sequence, size: FrameScheduler.size(of: frame), at: now)
+            if (state.continuity.acknowledgmentPending && !wasPending) || (!hadDeadline && state.continuity.acknowledgmentDeadline != nil) {
+                wakeActiveForAcknowledgment(&state)
+            }
+            guard arrival == .accepted else { return .dropped }
+            switch frame {
+            case .data, .windowUpdate:
+                if let error = receiveStreamFrame(frame, in: &state) { return .violation(error) }
+                return .handled
+            default:
+                return .deliver(frame)
+            }
+        }
+    }
+
+    /// The peer acknowledged every frame up to `through`. False when it acknowledged frames
+    /// never sent (a protocol error).
+    func acknowledge(through: UInt64) -> Bool {
+        state.withLock { state -> Bool in
+            guard state.continuity.acknowledge(through: through) else { return false }
+            for (key, entry) in state.drainWaiters where entry.through <= state.continuity.acknowledged {
+                state.drainWaiters[key] = nil
+                state.outbox.add { entry.waiter.resume() }
+            }
+            // the unacknowledged-bytes limit may have held frames back
+            if let active = state.active, !state.scheduler.isEmpty { state.outbox.add { active.wakeFromChannel() } }
+            return true
+        }
+    }
+
+    /// An ACK became due or its deadline moved: the active link's writer or ticker looks.
+    private func wakeActiveForAcknowledgment(_ state: inout State) {
+        let target = state.active ?? state.links.values.first
+        guard let target else { return }
+        state.outbox.add { target.wakeFromChannel() }
+    }
+
+    /// Carries out what link calls queued (resumes, wake-ups), with no lock held.
+    func deliverPending() {
+        state.deliverPending()
+    }
+
+    // MARK: - Messages
+
+    /// Queues a sequenced frame the session took for the peer (a message chunk): written on
+    /// the active link, now or once there is one. Leaves the wake-up for ``deliverPending()``.
+    func enqueue(_ frame: Frame) {
+        state.withLock { state in
+            guard state.closure == nil else { return }
+            state.scheduler.enqueue(frame)
+            if let active = state.active { state.outbox.add { active.wakeFromChannel() } }
+        }
+    }
+
+    /// Waits while more than ``maxQueuedBytes`` of messages wait to be written.
+    func waitUntilWritable() async throws {
+        let id = state.withLock { $0.roomWaiters.makeID() }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                state.withLock { state in
+                    if let closure = state.closure {
+                        continuation.resume(throwing: closure)
+                    } else if state.scheduler.queuedPriorityBytes <= maxQueuedBytes {
+                        continuation.resume()
+                    } else if Task.isCancelled {
+                        continuation.resume(throwing: CancellationError())
+                    } else {
+                        state.roomWaiters.add(id, continuation)
+                    }
+                }
+            }
+        } onCancel: {
+            state.withLock { $0.roomWaiters.remove(id) }?.resume(throwing: CancellationError())
+        }
+    }
+
+    // MARK: - The end
+
+    /// The channel is over (the peer left, or the session stopped): every stream still going
+    /// ends with `error` (bytes that arrived can still be read), waiters wake, frames are dropped.
+    func close(_ error: PeerLinkError) {
+        state.withLock { state in
+            guard state.closure == nil else { return }
+            state.closure = error
+            state.active = nil
+            state.links = [:]
+            state.scheduler.removeAll()
+            endStreams(in: &state, error: error)
+            let waiters = state.roomWaiters.removeAll()
+            let drains = state.drainWaiters.values.map(\.waiter)
+            state.drainWaiters = [:]
+            state.outbox.add {
+                for waiter in waiters { waiter.resume(throwing: error) }
+                for drain in drains { drain.resume() }
+            }
+        }
+    }
+
+    /// Stream data waiting for a link now, and the most that ever waited.
+    var dataQueueCounts: (queued: Int, peak: Int) {
+        state.withLock { ($0.scheduler.queuedDataBytes, $0.peakQueuedDataBytes) }
+    }
+
+    /// Whether the channel is over.
+    public var isClosed: Bool { state.withLock { $0.closure != nil } }
+
+    /// Sequenced frames kept for the peer, not acknowledged yet (for tests and diagnostics).
+    public var retainedFrameCount: Int { state.withLock { $0.continuity.retainedCount } }
+}
