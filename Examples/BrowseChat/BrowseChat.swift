@@ -223,6 +223,8 @@ enum BrowseChatExample {
                 if outcome != .accepted { say("\(other.displayName) did not join: \(outcome)") }
             case .session(_, .message(let from, let data, _)):
                 say("\(from.displayName): \(printable(data))")
+            case .session(_, .peerTransportChanged(let other, let transport, _)):
+                note("\(other.displayName) now on \(transport)")
             case .session(_, .linkFailed(_, let reason)):
                 note(reason)
                 // An invitation on screen may have ended (timed out, the inviter left).

@@ -110,6 +110,8 @@ enum CounterExample {
                 try? await session.respond(to: invitation, accept: false)
             case .session(.linkFailed(_, let reason)):
                 note(reason)
+            case .session(.peerTransportChanged(let other, let transport, _)):
+                note("\(other.displayName) now on \(transport)")
             case .session(.invitationResult):
                 break
             case .sessionEnded:

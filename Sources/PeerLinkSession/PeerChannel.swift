@@ -34,6 +34,16 @@ public final class PeerChannel: Sendable {
     /// Where streams the peer opens are handed (the session's `incomingStreams`).
     let streamOpened: @Sendable (PeerStream) -> Void
 
+    /// A channel on `clock` (tests drive one by hand).
+    package convenience init(
+        peer: PeerID, incarnation: Incarnation?, localPeer: PeerID, policy: Continuity.Policy = .default,
+        clock: any Clock<Duration>, logger: Logger, streamOpened: @escaping @Sendable (PeerStream) -> Void
+    ) {
+        self.init(
+            peer: peer, incarnation: incarnation, localPeer: localPeer, policy: policy, clock: LinkClock(clock), logger: logger,
+            streamOpened: streamOpened)
+    }
+
     /// - Parameters:
     ///   - localPeer: the local peer: its fingerprint and the peer's decide which stream ids
     ///     each side opens (the smaller fingerprint odd ones), the same on every link.
@@ -115,7 +125,7 @@ public final class PeerChannel: Sendable {
 
     /// Makes `link` (attached) the one that writes the channel's frames (nil: none for now):
     /// it writes again every frame kept and not acknowledged, then new ones.
-    func activate(_ link: Link?) {
+    package func activate(_ link: Link?) {
         state.withLock { state in
             guard state.active !== link else { return }
             guard let link, state.closure == nil, state.links[ObjectIdentifier(link)] != nil else {
@@ -367,7 +377,7 @@ public final class PeerChannel: Sendable {
     }
 
     /// Stream data waiting for a link now, and the most that ever waited.
-    var dataQueueCounts: (queued: Int, peak: Int) {
+    package var dataQueueCounts: (queued: Int, peak: Int) {
         state.withLock { ($0.scheduler.queuedDataBytes, $0.peakQueuedDataBytes) }
     }
 

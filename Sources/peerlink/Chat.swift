@@ -379,6 +379,9 @@ final class ChatEvents: @unchecked Sendable {
         case .invitationResult(_, let peer, let result):
             if case .accepted = result { break }
             console.status("\(peer.displayName) did not join: \(result)")
+        case .peerTransportChanged(let id, let transport, _):
+            // The link moved (failover, upgrade, reconnect); the peer never left.
+            if present.contains(id) { console.event("* \(id.displayName) now on \(transport)") }
         case .linkFailed(_, let reason):
             console.warning("peerlink: \(reason)")
         }

@@ -4,8 +4,8 @@ import Testing
 @Suite("Session: disconnect and lost links")
 struct SessionLivenessTests {
     /// alice invites bob and carol: a mesh of three.
-    static func meshOfThree(seed: UInt64 = 1) throws -> SessionNet {
-        var net = try SessionNet(["alice", "bob", "carol"], seed: seed)
+    static func meshOfThree(seed: UInt64 = 1, policy: SessionPolicy = .default) throws -> SessionNet {
+        var net = try SessionNet(["alice", "bob", "carol"], policy: policy, seed: seed)
         _ = try net.invite(0, 1)
         try SessionMeshTests.runAcceptingEverything(&net)
         _ = try net.invite(0, 2)
@@ -44,9 +44,11 @@ struct SessionLivenessTests {
         #expect(net.connected(1) == [2] && net.connected(2) == [1])
     }
 
+    /// Without a reconnect grace (``SessionPolicy/reconnectGrace`` zero) a lost link is a lost
+    /// peer at once.
     @Test(arguments: [1, 2, 3] as [UInt64])
     func aLostLinkDropsOnlyThatPair(seed: UInt64) throws {
-        var net = try Self.meshOfThree(seed: seed)
+        var net = try Self.meshOfThree(seed: seed, policy: SessionPolicy(reconnectGrace: .zero))
         net.breakLinks(between: 0, and: 1)
         net.run()
         #expect(net.connected(0) == [2])
@@ -82,5 +84,49 @@ struct SessionLivenessTests {
         net.apply(0, net.nodes[0].machine.tick(at: net.now + .seconds(10)))
         #expect(net.machine(0).state(of: net.peer(1)) == .notConnected)
         #expect(Self.reason(net, 0, about: 1)?.contains("duplicate") == true)
+    }
+
+    /// With the reconnect grace (30 s by default), a member whose link failed stays connected:
+    /// both sides dial again at once, the new link takes over (``SessionEvent/linkChanged``),
+    /// and nobody is told the peer left.
+    @Test(arguments: [1, 2, 3] as [UInt64])
+    func aLostLinkIsReplacedWithinTheGrace(seed: UInt64) throws {
+        var net = try Self.meshOfThree(seed: seed)
+        net.breakLinks(between: 0, and: 1)
+        net.run()
+        for node in 0..<3 { #expect(net.connected(node).count == 2, "node \(node): \(net.connected(node))") }
+        #expect(!net.states(0, of: 1).contains(.notConnected) && !net.states(1, of: 0).contains(.notConnected))
+        #expect(net.liveLinks(between: 0, and: 1) == 1)
+        #expect(net.events(0).contains { if case .linkChanged(let peer, _) = $0 { peer == net.peer(1) } else { false } })
+        // messages go over the new link
+        try net.send(0, [5], to: [1])
+        net.run()
+        #expect(net.received(1).map(\.data) == [[5]])
+    }
+
+    /// A member nobody can reach any more is dialled again every ``SessionPolicy/redialInterval``
+    /// and leaves when the grace ends.
+    @Test func aMemberUnreachableForTheGraceLeaves() throws {
+        var net = try Self.meshOfThree(policy: SessionPolicy(reconnectGrace: .seconds(10), redialInterval: .seconds(2)))
+        net.failingDials = [[0, 1], [1, 0]]
+        net.breakLinks(between: 0, and: 1)
+        net.run()
+        #expect(net.connected(0) == [1, 2], "still a member during the grace")
+        net.advance(by: .seconds(8), tickEvery: .milliseconds(500))
+        #expect(net.connected(0) == [1, 2])
+        net.advance(by: .seconds(3), tickEvery: .milliseconds(500))
+        #expect(net.connected(0) == [2])
+        #expect(net.connected(1) == [2])
+        #expect(net.connected(2) == [0, 1])
+        let reason = try #require(Self.reason(net, 0, about: 1))
+        #expect(reason.contains("within 10 s"), "\(reason)")
+    }
+
+    /// A peer that left on purpose (`GO_AWAY` 0) is not waited for.
+    @Test func aPeerThatLeftIsNotWaitedFor() throws {
+        var net = try Self.meshOfThree()
+        net.breakLinks(between: 0, and: 1, code: .normal)
+        net.run()
+        #expect(net.connected(0) == [2])
     }
 }

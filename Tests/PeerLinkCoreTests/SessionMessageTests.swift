@@ -64,7 +64,8 @@ struct SessionMessageTests {
             ids.insert(id)
             #expect(flags.contains(.more) == (index < 2))
             #expect(chunk.count == [16384, 16384, 7232][index])
-            #expect(try frame.encoded().count == WireFormat.frameHeaderLength + chunk.count)
+            // a reliable chunk carries its sequence number after the header
+            #expect(try frame.encoded(sequence: UInt64(index + 1)).count == WireFormat.frameHeaderLength + 8 + chunk.count)
         }
         #expect(ids.count == 1)
         let bobLink = try #require(net.machine(1).allLinks.first)
@@ -142,7 +143,7 @@ struct SessionMessageTests {
             actions = net.nodes[1].machine.frameReceived(.message(id: 77, flags: .more, chunk: chunk), on: bobLink, at: net.now)
             #expect(actions.isEmpty)
         }
-        #expect(net.machine(1).bufferedMessageBytes(on: bobLink) == limit)
+        #expect(net.machine(1).bufferedMessageBytes(from: net.peer(0)) == limit)
         actions = net.nodes[1].machine.frameReceived(.message(id: 77, flags: [], chunk: [1]), on: bobLink, at: net.now)
         #expect(actions.contains { if case .closeLink(bobLink, .protocolError, _) = $0 { return true } else { return false } })
         #expect(actions.contains { if case .event(.peerStateChanged(_, .notConnected, _)) = $0 { return true } else { return false } })
@@ -264,6 +265,6 @@ struct SessionMessageTests {
         actions = net.nodes[0].machine.frameReceived(.message(id: 3, flags: .more, chunk: [UInt8](repeating: 4, count: 1_500)), on: fromBob, at: net.now)
         #expect(actions.contains { if case .closeLink(fromBob, .resourceLimit, _) = $0 { true } else { false } }, "\(actions)")
         #expect(net.machine(0).bufferedMessageBytes == 0)
-        #expect(net.machine(0).bufferedMessageBytes(on: fromBob) == 0)
+        #expect(net.machine(0).bufferedMessageBytes(from: net.peer(1)) == 0)
     }
 }

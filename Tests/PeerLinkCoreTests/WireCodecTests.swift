@@ -7,13 +7,13 @@ import Testing
 struct WireConstantsTests {
     @Test func constantsMatchTheSpec() {
         #expect(WireFormat.magic == Array("PLNK".utf8))
-        #expect(WireFormat.version == 1)
+        #expect(WireFormat.version == 2)
         #expect(WireFormat.maxFramePayload == 16384)
         #expect(WireFormat.maxMessageLength == 16 * 1024 * 1024)
         #expect(WireFormat.maxContextLength == 8192)
         #expect(WireFormat.initialStreamWindow == 256 * 1024)
-        #expect(WireFormat.maxRecordLength(encrypted: false) == 16396)
-        #expect(WireFormat.maxRecordLength(encrypted: true) == 16412)
+        #expect(WireFormat.maxRecordLength(encrypted: false) == 65535)
+        #expect(WireFormat.maxRecordLength(encrypted: true) == 65535)
         #expect(WireFormat.maxPrefaceLength == 277)
         let policy = LinkPolicy.default
         #expect(policy.handshakeTimeout == .seconds(10))
@@ -90,7 +90,7 @@ struct WirePrefaceTests {
             #expect(EncryptionPreference.agreement(local, remote) == expected, "\(local) × \(remote)")
             let outcome = LinkPreface.negotiate(local: WireFixture.preface(local), remote: WireFixture.preface(remote))
             if let expected {
-                #expect(outcome == .agreed(version: 1, encrypted: expected))
+                #expect(outcome == .agreed(version: 2, encrypted: expected))
             } else {
                 guard case .refused(let code, let reason) = outcome else {
                     Issue.record("\(local) × \(remote) should be refused")
@@ -117,7 +117,7 @@ struct WirePrefaceTests {
             versionFirst
                 == .refused(
                     code: .unsupportedVersion,
-                    reason: "this peer speaks PeerLink protocol versions 1; the other speaks 9"))
+                    reason: "this peer speaks PeerLink protocol versions 2; the other speaks 9"))
         let service = LinkPreface.negotiate(
             local: WireFixture.preface(.required), remote: WireFixture.preface(.none, service: other))
         #expect(service == .refused(code: .serviceMismatch, reason: "this peer serves 'chat', the other 'files'"))
@@ -202,11 +202,37 @@ struct WireFrameTests {
 
     @Test(arguments: frames)
     func frameRoundTrip(_ frame: Frame) throws {
-        let bytes = try frame.encoded()
-        #expect(bytes.count >= 12)
-        #expect(bytes[0] == 1)
+        // Sequenced frames (reliable chunks, stream data and credit) carry their number.
+        let sequence: UInt64? = frame.type.isSequenced ? 0x0102_0304_0506_0708 : nil
+        let bytes = try frame.encoded(sequence: sequence)
+        #expect(bytes.count >= (sequence == nil ? 12 : 20))
+        #expect(bytes[0] == WireFormat.version)
         #expect(bytes[1] == frame.type.rawValue)
-        #expect(try Frame.decode(bytes) == frame)
+        let decoded = try Frame.decodeRecord(bytes[...])
+        #expect(decoded.count == 1)
+        #expect(decoded.first?.frame == frame)
+        #expect(decoded.first?.sequence == sequence)
+    }
+
+    @Test func severalFramesInOneRecord() throws {
+        let frames: [(Frame, UInt64?)] = [
+            (.message(id: 1, flags: .more, chunk: [1, 2]), 7), (.ack(receivedThrough: 41), nil),
+            (.datagram([3]), nil), (.message(id: 1, flags: [], chunk: [4]), 8),
+        ]
+        var record: [UInt8] = []
+        for (frame, sequence) in frames { record += try frame.encoded(sequence: sequence) }
+        let decoded = try Frame.decodeRecord(record[...])
+        #expect(decoded.map(\.frame) == frames.map(\.0))
+        #expect(decoded.map(\.sequence) == frames.map(\.1))
+        // a frame cut short by the record's end is malformed
+        #expect(throws: WireError.self) { try Frame.decodeRecord(record.dropLast()) }
+    }
+
+    @Test func sequenceNumbersAreWhereTheTypeSaysAndNowhereElse() {
+        #expect(throws: WireError.self) { try Frame.message(id: 1, flags: [], chunk: [1]).encoded() }
+        #expect(throws: WireError.self) { try Frame.message(id: 1, flags: [], chunk: [1]).encoded(sequence: 0) }
+        #expect(throws: WireError.self) { try Frame.datagram([1]).encoded(sequence: 3) }
+        #expect(throws: WireError.self) { try Frame.ack(receivedThrough: 1).encoded(sequence: 3) }
     }
 
     @Test(arguments: controls)
@@ -215,11 +241,13 @@ struct WireFrameTests {
     }
 
     @Test func headerLayout() throws {
-        let bytes = try Frame.windowUpdate(stream: 0x0102_0304, flags: [.syn, .more], credit: 5).encoded()
-        #expect(bytes == [1, 1, 0x00, 0x11, 1, 2, 3, 4, 0, 0, 0, 4, 0, 0, 0, 5])
+        let bytes = try Frame.windowUpdate(stream: 0x0102_0304, flags: [.syn, .more], credit: 5).encoded(sequence: 9)
+        #expect(bytes == [2, 1, 0x00, 0x11, 1, 2, 3, 4, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 5])
         let header = try FrameHeader.decode(bytes[...])
-        #expect(header == FrameHeader(type: .windowUpdate, flags: [.syn, .more], streamID: 0x0102_0304, length: 4))
-        #expect(header.encoded() == Array(bytes.prefix(12)))
+        #expect(header == FrameHeader(type: .windowUpdate, flags: [.syn, .more], streamID: 0x0102_0304, length: 4, sequence: 9))
+        #expect(header.encoded() == Array(bytes.prefix(20)))
+        let ping = try Frame.ping(flags: .ack, opaque: 1).encoded()
+        #expect(ping == [2, 2, 0x00, 0x02, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 1])
     }
 
     @Test func controlLayouts() throws {
@@ -238,7 +266,7 @@ struct WireFrameTests {
     }
 
     @Test func unknownFlagBitsAreKept() throws {
-        let bytes = WireFixture.rawFrame(type: 0, flags: 0x8001, stream: 5, payload: [1])
+        let bytes = WireFixture.rawFrame(type: 0, flags: 0x8001, stream: 5, sequence: 1, payload: [1])
         #expect(try Frame.decode(bytes) == .data(stream: 5, flags: FrameFlags(rawValue: 0x8001), payload: [1]))
     }
 
@@ -342,22 +370,25 @@ struct WireMalformedTests {
         .init("hello: two sessions", .hello, [1, 0, 1, 0x41] + [2, 0, 16] + session + [2, 0, 16] + session, "two sessions"),
         // Frames
         .init("frame: record shorter than a header", .frame, [1, 0, 0, 0, 0, 0, 0, 1], "shorter than a frame header"),
-        .init("frame: empty record", .frame, [], "shorter than a frame header"),
-        .init("frame: version 2", .frame, WireFixture.rawFrame(version: 2, type: 0, stream: 1), "frame version 2"),
+        .init("frame: empty record", .frame, [], "holds no frame"),
+        .init("frame: version 1", .frame, WireFixture.rawFrame(version: 1, type: 0, stream: 1, sequence: 1), "frame version 1 is not 2"),
         .init("frame: unknown type 9", .frame, WireFixture.rawFrame(type: 9), "frame type 0x9 is unknown"),
         .init("frame: unknown type 0xff", .frame, WireFixture.rawFrame(type: 0xFF), "frame type 0xff is unknown"),
-        .init("frame: length over 16384", .frame, WireFixture.rawFrame(type: 0, stream: 1, length: 16385), "over the limit of 16384"),
+        .init("frame: length over 16384", .frame, WireFixture.rawFrame(type: 0, stream: 1, length: 16385, sequence: 1), "over the limit of 16384"),
         .init("frame: length 2^32-1", .frame, WireFixture.rawFrame(type: 6, length: .max), "over the limit"),
-        .init("frame: length longer than the record", .frame, WireFixture.rawFrame(type: 0, stream: 1, length: 5, payload: [1]), "says 5 bytes but the record holds 1"),
-        .init("frame: length shorter than the record", .frame, WireFixture.rawFrame(type: 6, length: 0, payload: [1]), "says 0 bytes but the record holds 1"),
+        .init("frame: length longer than the record", .frame, WireFixture.rawFrame(type: 0, stream: 1, length: 5, sequence: 1, payload: [1]), "says 5 bytes but the record holds 1"),
+        .init("frame: length shorter than the record", .frame, WireFixture.rawFrame(type: 6, length: 0, payload: [1]), "a record ends with 1 bytes, shorter than a frame header"),
         .init("frame: DATA on stream 0", .frame, WireFixture.rawFrame(type: 0, stream: 0), "DATA frame has id 0"),
         .init("frame: MESSAGE with id 0", .frame, WireFixture.rawFrame(type: 5, stream: 0), "MESSAGE frame has id 0"),
         .init("frame: WINDOW_UPDATE on stream 0", .frame, WireFixture.rawFrame(type: 1, stream: 0, payload: [0, 0, 0, 1]), "id 0"),
         .init("frame: PING on stream 3", .frame, WireFixture.rawFrame(type: 2, stream: 3, payload: [UInt8](repeating: 0, count: 8)), "stream id 3, not 0"),
-        .init("frame: WINDOW_UPDATE of 3 bytes", .frame, WireFixture.rawFrame(type: 1, stream: 1, payload: [0, 0, 1]), "4 bytes, not 3"),
+        .init("frame: WINDOW_UPDATE of 3 bytes", .frame, WireFixture.rawFrame(type: 1, stream: 1, sequence: 1, payload: [0, 0, 1]), "4 bytes, not 3"),
         .init("frame: PING of 7 bytes", .frame, WireFixture.rawFrame(type: 2, payload: [UInt8](repeating: 0, count: 7)), "8 bytes, not 7"),
         .init("frame: PING of 9 bytes", .frame, WireFixture.rawFrame(type: 2, payload: [UInt8](repeating: 0, count: 9)), "8 bytes, not 9"),
         .init("frame: GO_AWAY of 3 bytes", .frame, WireFixture.rawFrame(type: 3, payload: [0, 0, 0]), "4-byte code"),
+        .init("frame: MESSAGE without its sequence number", .frame, WireFixture.rawFrame(type: 5, stream: 1), "20 bytes with its sequence number"),
+        .init("frame: MESSAGE with sequence number 0", .frame, WireFixture.rawFrame(type: 5, stream: 1, sequence: 0, payload: [1]), "sequence number"),
+        .init("frame: ACK of 4 bytes", .frame, WireFixture.rawFrame(type: 7, payload: [0, 0, 0, 1]), "8 bytes, not 4"),
         .init("frame: empty CONTROL", .frame, control([]), "no control type"),
         // Control messages (inside CONTROL frames, so the frame decoder's path is covered too)
         .init("control: unknown type 7", .frame, control([7]), "control type 0x7 is unknown"),
@@ -376,8 +407,6 @@ struct WireMalformedTests {
         .init("control: JOIN of 15 bytes", .control, [5] + session.dropLast(), "JOIN message is truncated"),
         .init("control: LEAVE of 17 bytes", .control, [6] + session + [0], "1 bytes follow the LEAVE"),
         // Records
-        .init("records: length 65535", .records, [0xFF, 0xFF] + [UInt8](repeating: 0, count: 10), "a record of 65535 bytes is over the limit of 16396"),
-        .init("records: length 16397", .records, [0x40, 0x0D], "16397 bytes is over the limit"),
         .init("records: stream ends inside a record", .records, [0, 5, 1, 2], "ends inside a record"),
         .init("records: stream ends inside a length", .records, [0], "ends inside a record"),
     ]

@@ -61,8 +61,8 @@ struct WireLinkTests {
         #expect(atListener.hello == WireFixture.hello("Ana"))
         #expect(atDialer.encrypted == encrypted)
         #expect(atListener.encrypted == encrypted)
-        #expect(atDialer.version == 1)
-        #expect(atListener.version == 1)
+        #expect(atDialer.version == WireFormat.version)
+        #expect(atListener.version == WireFormat.version)
         #expect(pair.dialer.handshakeHash == pair.listener.handshakeHash)
         #expect(pair.dialer.handshakeHash?.count == 32)
 
@@ -76,7 +76,7 @@ struct WireLinkTests {
         for frame in toListener { try pair.dialerSends(frame) }
         try pair.listenerSends(.control(.accept(invitation: 1)))
         try pair.listenerSends(.datagram([9]))
-        #expect(pair.listenerEvents.dropFirst() == toListener.map(LinkOutput.frame)[...])
+        #expect(pair.listenerEvents.dropFirst() == LinkPair.arrivals(toListener)[...])
         #expect(pair.dialerEvents.dropFirst() == [.frame(.control(.accept(invitation: 1))), .frame(.datagram([9]))])
 
         // A graceful close reaches the other side with its code and reason.
@@ -97,8 +97,8 @@ struct WireLinkTests {
         try pair.dialerSends(.message(id: 1, flags: [], chunk: secret))
         let afterHandshake = Array(pair.dialerWire[handshakeBytes...])
         #expect(afterHandshake.containsRun(secret) == !encrypted)
-        #expect(afterHandshake.count == 2 + 12 + secret.count + (encrypted ? 16 : 0))
-        #expect(pair.listenerEvents.last == .frame(.message(id: 1, flags: [], chunk: secret)))
+        #expect(afterHandshake.count == 2 + 12 + 8 + secret.count + (encrypted ? 16 : 0))
+        #expect(pair.listenerEvents.last == .sequenced(.message(id: 1, flags: [], chunk: secret), sequence: 1))
     }
 
     @Test func versionMismatchBetweenMachines() throws {
@@ -106,7 +106,7 @@ struct WireLinkTests {
         pair.connect()
         let dialer = try #require(pair.dialerEvents.closure)
         #expect(dialer.code == .unsupportedVersion)
-        #expect(dialer.reason.contains("versions 1"))
+        #expect(dialer.reason.contains("versions 2"))
         #expect(!dialer.byPeer)
         let listener = try #require(pair.listenerEvents.closure)
         #expect(listener.code == .unsupportedVersion)
@@ -130,7 +130,7 @@ struct WireLinkTests {
             return
         }
         #expect(code == .unsupportedVersion)
-        #expect(reason.contains("this peer speaks PeerLink protocol versions 1"))
+        #expect(reason.contains("this peer speaks PeerLink protocol versions 2"))
         #expect(outputs.last == .closed(code: .unsupportedVersion, reason: reason, byPeer: false))
     }
 
@@ -491,14 +491,16 @@ struct WireLinkHostileTests {
     }
 
     @Test(arguments: [EncryptionPreference.none, .required])
-    func oversizedRecordLength(_ encryption: EncryptionPreference) throws {
+    func undersizedRecordLength(_ encryption: EncryptionPreference) throws {
+        // Every 2-byte length up to 65535 is a record the format allows; one too short to hold a
+        // frame header (and the tag) is refused as soon as its length arrives.
         var pair = Self.establishedPair(encryption)
-        let limit = WireFormat.maxRecordLength(encrypted: encryption == .required)
-        let length = UInt16(limit + 1)
+        let minimum = WireFormat.minRecordLength(encrypted: encryption == .required)
+        let length = UInt16(minimum - 1)
         let outputs = pair.listener.receive([UInt8(length >> 8), UInt8(length & 0xFF)], at: .zero)
         let closure = try #require(outputs.closure)
         #expect(closure.code == .protocolError)
-        #expect(closure.reason == "a record of \(limit + 1) bytes is over the limit of \(limit)")
+        #expect(closure.reason == "a record of \(minimum - 1) bytes is under the minimum of \(minimum)")
         // A GO_AWAY goes to the peer first.
         pair.absorbListener(outputs)
         pair.pump()

@@ -72,7 +72,7 @@ enum Splits {
 enum WireFixture {
     static let chat = try! ServiceType("chat")
 
-    static func preface(_ encryption: EncryptionPreference = .optional, versions: [UInt8] = [1], service: ServiceType = chat)
+    static func preface(_ encryption: EncryptionPreference = .optional, versions: [UInt8] = WireFormat.supportedVersions, service: ServiceType = chat)
         -> LinkPreface
     {
         try! LinkPreface(versions: versions, encryption: encryption, service: service)
@@ -85,13 +85,17 @@ enum WireFixture {
     static let session = SessionID(bytes: (1...16).map { UInt8($0) })!
 
     /// The frame header and payload exactly as given, with no check: for hostile input.
+    /// A frame's bytes as written by hand: the 12-byte header, the sequence number when given
+    /// (sequenced types carry one: DATA 0, WINDOW_UPDATE 1, MESSAGE 5), then the payload.
     static func rawFrame(
-        version: UInt8 = 1, type: UInt8, flags: UInt16 = 0, stream: UInt32 = 0, length: UInt32? = nil, payload: [UInt8] = []
+        version: UInt8 = WireFormat.version, type: UInt8, flags: UInt16 = 0, stream: UInt32 = 0, length: UInt32? = nil,
+        sequence: UInt64? = nil, payload: [UInt8] = []
     ) -> [UInt8] {
         var bytes: [UInt8] = [version, type, UInt8(flags >> 8), UInt8(flags & 0xFF)]
         for value in [stream, length ?? UInt32(payload.count)] {
             bytes += [UInt8(value >> 24), UInt8((value >> 16) & 0xFF), UInt8((value >> 8) & 0xFF), UInt8(value & 0xFF)]
         }
+        if let sequence { bytes += (0..<8).reversed().map { UInt8(truncatingIfNeeded: sequence >> (8 * UInt64($0))) } }
         return bytes + payload
     }
 
@@ -151,6 +155,9 @@ struct LinkPair {
     /// Everything but sends, per side, in order.
     var dialerEvents: [LinkOutput] = []
     var listenerEvents: [LinkOutput] = []
+    /// The last sequence number each side gave a sequenced frame.
+    var dialerSequence: UInt64 = 0
+    var listenerSequence: UInt64 = 0
     /// Every byte each side ever sent.
     var dialerWire: [UInt8] = []
     var listenerWire: [UInt8] = []
@@ -277,14 +284,36 @@ struct LinkPair {
         pump()
     }
 
+    /// Sends `frame` from the dialer; a sequenced frame gets the dialer's next number (1, 2, …).
     mutating func dialerSends(_ frame: Frame) throws {
-        absorbDialer(try dialer.send(frame, at: now))
+        var sequence: UInt64?
+        if frame.type.isSequenced {
+            dialerSequence += 1
+            sequence = dialerSequence
+        }
+        absorbDialer(try dialer.send(frame, sequence: sequence, at: now))
         pump()
     }
 
     mutating func listenerSends(_ frame: Frame) throws {
-        absorbListener(try listener.send(frame, at: now))
+        var sequence: UInt64?
+        if frame.type.isSequenced {
+            listenerSequence += 1
+            sequence = listenerSequence
+        }
+        absorbListener(try listener.send(frame, sequence: sequence, at: now))
         pump()
+    }
+
+    /// What the other side reports for `frames` sent in order by one side from its first
+    /// sequenced frame on: sequenced frames numbered 1, 2, …, the others as they are.
+    static func arrivals(_ frames: [Frame], numberedFrom first: UInt64 = 1) -> [LinkOutput] {
+        var next = first
+        return frames.map { frame in
+            guard frame.type.isSequenced else { return .frame(frame) }
+            defer { next += 1 }
+            return .sequenced(frame, sequence: next)
+        }
     }
 
     private mutating func pieces(_ bytes: [UInt8]) -> [ArraySlice<UInt8>] {

@@ -3,6 +3,19 @@ import PeerLinkSession
 import PeerLinkTestSupport
 import Testing
 
+/// A link with the channel of the peer at its other end, as a session pairs them once the
+/// handshake named the peer.
+func attachChannel(to link: Link, local: Identity, log: TestLog) async throws -> (PeerChannel, AsyncStream<PeerStream>) {
+    let remote = try await link.established.remote
+    let (streams, sink) = AsyncStream.makeStream(of: PeerStream.self)
+    let channel = PeerChannel(
+        peer: remote, incarnation: nil, localPeer: PeerID(identity: local, displayName: try DisplayName("Bo")),
+        clock: ContinuousClock(), logger: log.logger, streamOpened: { sink.yield($0) })
+    link.attach(channel)
+    channel.activate(link)
+    return (channel, streams)
+}
+
 @Suite("Link streams against a peer driven by hand", .timeLimit(.minutes(1)))
 struct LinkStreamTests {
     @Test("a peer that sends more than the window gets GO_AWAY 1; the bytes within it can still be read")
@@ -21,20 +34,27 @@ struct LinkStreamTests {
             group.addTask { await link.run() }
             var peer = RawPeer(dialed, name: "Greedy", expecting: server)
             #expect(try await peer.handshake())
+            let (_, opened) = try await attachChannel(to: link, local: server, log: log)
             var events = link.events.makeAsyncIterator()
-            try await peer.send(.data(stream: 1, flags: .syn, payload: Array("flood".utf8)))
-            guard case .streamOpened(let stream)? = await events.next() else {
-                Issue.record("the link did not report the stream the peer opened")
+            // The greedy peer's fingerprint may be either side of Bo's: it opens a stream with an
+            // id of its own parity (the smaller fingerprint opens odd ones).
+            let id: UInt32 = try await link.established.remote.fingerprint < server.fingerprint ? 1 : 2
+            try await peer.send(.data(stream: id, flags: .syn, payload: Array("flood".utf8)))
+            var streams = opened.makeAsyncIterator()
+            guard let stream = await streams.next() else {
+                Issue.record("the channel did not report the stream the peer opened")
                 dialed.close()
                 return
             }
-            #expect(stream.name == "flood" && stream.id == 1 && !stream.isOutgoing)
-            // The ACK comes back before anything else.
-            while peer.events.isEmpty { #expect(try await peer.readOnce()) }
-            #expect(peer.events.first == .frame(.windowUpdate(stream: 1, flags: .ack, credit: 0)))
+            #expect(stream.name == "flood" && stream.id == id && !stream.isOutgoing)
+            // The ACK comes back before any other stream frame.
+            while !peer.frames.contains(where: { if case .windowUpdate = $0 { true } else { false } }) {
+                #expect(try await peer.readOnce())
+            }
+            #expect(peer.frames.first { if case .windowUpdate = $0 { true } else { false } } == .windowUpdate(stream: id, flags: .ack, credit: 0))
 
             let chunk = [UInt8](repeating: 1, count: WireFormat.maxFramePayload)
-            for _ in 0...(WireFormat.initialStreamWindow / chunk.count) { try await peer.send(.data(stream: 1, flags: [], payload: chunk)) }
+            for _ in 0...(WireFormat.initialStreamWindow / chunk.count) { try await peer.send(.data(stream: id, flags: [], payload: chunk)) }
             let closure = await events.closure()
             #expect(closure?.code == .protocolError)
             #expect(closure?.reason.contains("window") == true, "\(closure?.reason ?? "")")
@@ -73,10 +93,11 @@ struct LinkSchedulingTests {
             group.addTask { await link.run() }
             var peer = RawPeer(dialed, name: "Reader", expecting: server)
             #expect(try await peer.handshake())
-            let opening = Task { try await link.openStream(named: "bulk") }
+            let (channel, _) = try await attachChannel(to: link, local: server, log: log)
+            let opening = Task { try await channel.openStream(named: "bulk") }
             // The SYN, then an accept with credit for the whole transfer.
-            while peer.events.isEmpty { #expect(try await peer.readOnce()) }
-            guard case .frame(.data(let id, .syn, let name))? = peer.events.first else {
+            while !peer.frames.contains(where: { if case .data = $0 { true } else { false } }) { #expect(try await peer.readOnce()) }
+            guard case .data(let id, .syn, let name)? = peer.frames.first(where: { if case .data = $0 { true } else { false } }) else {
                 Issue.record("expected a SYN, got \(peer.events)")
                 dialed.close()
                 return
@@ -97,16 +118,18 @@ struct LinkSchedulingTests {
             var dataFrames = 0
             while dataFrames < 40 {
                 #expect(try await peer.readOnce())
-                dataFrames = peer.events.count { if case .frame(.data(_, [], _)) = $0 { true } else { false } }
+                dataFrames = peer.frames.count { if case .data(_, [], _) = $0 { true } else { false } }
             }
-            try link.enqueue(.message(id: 1, flags: [], chunk: Array("chat".utf8)))
-            let before = peer.events.count
-            while !peer.events.contains(.frame(.message(id: 1, flags: [], chunk: Array("chat".utf8)))) {
+            let chat = Frame.message(id: 1, flags: [], chunk: Array("chat".utf8))
+            let sending = Task { try await link.send(chat) }
+            let before = peer.frames.count
+            while !peer.frames.contains(chat) {
                 #expect(try await peer.readOnce())
             }
-            let overtaken = peer.events[before...].count { if case .frame(.data) = $0 { true } else { false } }
+            try await sending.value
+            let overtaken = peer.frames[before...].count { if case .data = $0 { true } else { false } }
             #expect(overtaken <= 2, "\(overtaken) DATA frames went out after the message was queued")
-            #expect(link.peakQueuedDataByteCount <= link.maxQueuedDataBytes)
+            #expect(channel.dataQueueCounts.peak <= channel.maxQueuedDataBytes)
             stream.reset(reason: "enough")
             dialed.close()
             try await group.waitForAll()

@@ -115,8 +115,10 @@ extension AsyncStream<Link.Event>.Iterator {
 struct RawPeer {
     var machine: LinkStateMachine
     let channel: any LinkChannel
-    /// Frames and the closure that arrived, in order.
+    /// Frames and the closure that arrived, in order (sequenced ones with their numbers).
     var events: [LinkOutput] = []
+    /// The number the next sequenced frame it sends gets.
+    var nextSequence: UInt64 = 1
 
     init(_ channel: any LinkChannel, name: String, expecting: Identity?) {
         self.channel = channel
@@ -147,7 +149,22 @@ struct RawPeer {
 
     /// Sends one frame (after the handshake).
     mutating func send(_ frame: Frame) async throws {
-        _ = try await carryOut(try machine.send(frame, at: .zero))
+        var sequence: UInt64?
+        if frame.type.isSequenced {
+            sequence = nextSequence
+            nextSequence += 1
+        }
+        _ = try await carryOut(try machine.send(frame, sequence: sequence, at: .zero))
+    }
+
+    /// The frames that arrived, sequenced or not, in order.
+    var frames: [Frame] {
+        events.compactMap { output in
+            switch output {
+            case .frame(let frame), .sequenced(let frame, _): frame
+            default: nil
+            }
+        }
     }
 
     /// Writes the sends, keeps the events; true if `.established` was among them.

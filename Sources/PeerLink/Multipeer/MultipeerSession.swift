@@ -460,6 +460,9 @@ public final class MultipeerSession: Sendable {
                 }
                 if let reason { logger.debug("\(peer) is \(peerState): \(reason)") }
                 deliver { $0.session(self, peer: id, didChange: peerState) }
+            case .peerTransportChanged(let peer, let transport, let remote):
+                // MPC has no such callback: the peer stays connected, nothing sent was lost.
+                logger.info("\(peer) now on \(transport) (\(remote))")
             case .message(let from, let data, _):
                 let id = MultipeerPeerID(from)
                 let data = Data(data)

@@ -183,7 +183,7 @@ public struct FrameDecoder: Sendable {
     }
 
     /// One frame as a record's bytes (unencrypted).
-    public static func record(_ frame: Frame) throws(WireError) -> [UInt8] {
-        Record.framed(try frame.encoded())
+    public static func record(_ frame: Frame, sequence: UInt64? = nil) throws(WireError) -> [UInt8] {
+        Record.framed(try frame.encoded(sequence: sequence))
     }
 }
