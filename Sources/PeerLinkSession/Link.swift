@@ -197,6 +197,7 @@ public final class Link: Sendable {
     public func send(_ frame: Frame) async throws {
         _ = try await established
         if frame.type.isSequenced {
+            if let closure = state.withLock({ $0.closure }) { throw Self.notConnected(closure, remote: channel.remoteDescription) }
             guard let channel = peerChannel else {
                 throw PeerLinkError(.invalidParameter, "\(frame.type) frames belong to a peer's channel: attach one to the link first")
             }

@@ -76,17 +76,17 @@ enum LinkFixture {
             policy: policy, expectedRemote: expecting?.fingerprint, clock: clock, logger: log.logger)
     }
 
-    /// A message frame whose chunk is `index` in 4 bytes, big-endian.
+    /// A frame of the link itself (a datagram: reliable messages and stream frames belong to a
+    /// peer's channel) carrying `index` in 4 bytes, big-endian.
     static func message(_ index: Int) -> Frame {
         let value = UInt32(index)
-        return .message(id: value, flags: [], chunk: [24, 16, 8, 0].map { UInt8(truncatingIfNeeded: value >> $0) })
+        return .datagram([24, 16, 8, 0].map { UInt8(truncatingIfNeeded: value >> $0) })
     }
 
     /// The index a ``message(_:)`` frame carries, or nil for another event.
     static func index(of event: Link.Event?) -> Int? {
-        guard case .frame(.message(let id, _, let chunk))? = event, chunk.count == 4 else { return nil }
-        let value = chunk.reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
-        return value == id ? Int(value) : nil
+        guard case .frame(.datagram(let bytes))? = event, bytes.count == 4 else { return nil }
+        return Int(bytes.reduce(UInt32(0)) { $0 << 8 | UInt32($1) })
     }
 }
 

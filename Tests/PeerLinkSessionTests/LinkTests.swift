@@ -52,7 +52,7 @@ struct MemoryLinkTests {
             #expect(atListener.remote.fingerprint == pair.dialerIdentity.fingerprint)
             #expect(atListener.hello == LinkFixture.hello("Ana"))
             #expect(atDialer.encrypted && atListener.encrypted)
-            #expect(atDialer.version == 1)
+            #expect(atDialer.version == WireFormat.version)
             #expect(pair.dialer.handshakeHash == pair.listener.handshakeHash)
 
             for index in 1...50 {

@@ -184,7 +184,8 @@ struct PeerStreamTests {
         }
     }
 
-    @Test("losing the link ends every stream: writes at once, reads after what arrived")
+    /// Streams belong to the pair, not to a link (a failover keeps them): losing the peer ends them.
+    @Test("losing the peer ends every stream: writes at once, reads after what arrived")
     func linkLossEndsStreams() async throws {
         try await withConnectedPair { ana, bo in
             let stream = try await ana.session.openStream(named: "lost", to: bo.peer)
@@ -195,7 +196,7 @@ struct PeerStreamTests {
             }
             bo.kill.fire()
             #expect(try await stream.read() == Array("last words".utf8))
-            await expectError(.notConnected, containing: "link to the peer closed") { _ = try await stream.read() }
+            await expectError(.notConnected, containing: "ended") { _ = try await stream.read() }
             await expectError(.notConnected) { try await stream.write([1]) }
             await expectError(.notConnected, containing: "is not connected") {
                 _ = try await ana.session.openStream(named: "again", to: bo.peer)

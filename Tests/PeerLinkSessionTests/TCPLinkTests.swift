@@ -71,7 +71,7 @@ struct TCPLinkTests {
             let chunk = [UInt8](repeating: 7, count: 8192)
             var failure: (any Error)?
             do {
-                for index in 0..<8192 { try await link.send(.message(id: UInt32(index + 1), flags: [], chunk: chunk)) }  // 64 MiB at most
+                for _ in 0..<8192 { try await link.send(.datagram(chunk)) }  // 64 MiB at most
             } catch {
                 failure = error
             }
