@@ -972,7 +972,7 @@ public final class Link: Sendable {
         // and what the channel has for this link (when it is the active one), so what was sent
         // before a close goes out before it
         if let channel = state.channel {
-            for (frame, sequence) in channel.take(for: self, limit: .max, at: clock.now()) {
+            for (frame, sequence) in channel.take(for: self, limit: .max, at: clock.now(), final: true) {
                 _ = seal(frame, sequence: sequence, in: &state)
             }
             state.outbox.add { channel.deliverPending() }

@@ -188,7 +188,9 @@ public final class PeerChannel: Sendable {
     /// What `link` writes next: an `ACK` if one is due, then (when `link` is the active one)
     /// kept frames again, then new sequenced frames, up to `limit` bytes and as the
     /// unacknowledged-bytes limit allows. Each sequenced frame comes with its number.
-    func take(for link: Link, limit: Int, at now: Duration) -> [(frame: Frame, sequence: UInt64?)] {
+    /// `final`: the link is closing (its `GO_AWAY` follows): everything queued goes, past the
+    /// unacknowledged-bytes limit, since no acknowledgement will come on it.
+    func take(for link: Link, limit: Int, at now: Duration, final: Bool = false) -> [(frame: Frame, sequence: UInt64?)] {
         state.withLock { state -> [(frame: Frame, sequence: UInt64?)] in
             var taken: [(frame: Frame, sequence: UInt64?)] = []
             guard state.closure == nil, state.links[ObjectIdentifier(link)] != nil else { return taken }
@@ -213,7 +215,7 @@ public final class PeerChannel: Sendable {
             }
             let dataBefore = state.scheduler.queuedDataBytes
             let priorityBefore = state.scheduler.queuedPriorityBytes
-            while size < limit, state.continuity.canSend, let frame = state.scheduler.next() {
+            while size < limit, final || state.continuity.canSend, let frame = state.scheduler.next() {
                 let frameSize = FrameScheduler.size(of: frame)
                 let sequence = state.continuity.stamp(frame, size: frameSize)
                 state.resendAfter = sequence
@@ -316,7 +318,7 @@ public final class PeerChannel: Sendable {
     }
 
     /// Carries out what link calls queued (resumes, wake-ups), with no lock held.
-    func deliverPending() {
+    package func deliverPending() {
         state.deliverPending()
     }
 
@@ -358,7 +360,7 @@ public final class PeerChannel: Sendable {
 
     /// The channel is over (the peer left, or the session stopped): every stream still going
     /// ends with `error` (bytes that arrived can still be read), waiters wake, frames are dropped.
-    func close(_ error: PeerLinkError) {
+    package func close(_ error: PeerLinkError) {
         state.withLock { state in
             guard state.closure == nil else { return }
             state.closure = error

@@ -257,7 +257,11 @@ extension PeerSession {
     /// Keeps each channel in step with the state machine (under the lock): it writes on the
     /// link the state machine sends the peer's frames on, and it ends once the peer is gone
     /// (not connected, no link left, not being reconnected).
+    ///
+    /// Once the session stops, channels stay as they are: each link being closed writes what
+    /// its channel still holds ahead of its `GO_AWAY`, and ``run()`` closes the channels last.
     func syncChannels(_ core: inout SessionCore) {
+        guard core.phase == .running else { return }
         for (fingerprint, channel) in core.channels {
             let peer = channel.peer
             let links = core.machine.links(to: peer)

@@ -34,7 +34,7 @@ struct LinkStreamTests {
             group.addTask { await link.run() }
             var peer = RawPeer(dialed, name: "Greedy", expecting: server)
             #expect(try await peer.handshake())
-            let (_, opened) = try await attachChannel(to: link, local: server, log: log)
+            let (channel, opened) = try await attachChannel(to: link, local: server, log: log)
             var events = link.events.makeAsyncIterator()
             // The greedy peer's fingerprint may be either side of Bo's: it opens a stream with an
             // id of its own parity (the smaller fingerprint opens odd ones).
@@ -59,6 +59,11 @@ struct LinkStreamTests {
             #expect(closure?.code == .protocolError)
             #expect(closure?.reason.contains("window") == true, "\(closure?.reason ?? "")")
             #expect(closure?.byPeer == false)
+            // A protocol error is not recovered from: the session ends the peer's channel, and
+            // its streams with it (a stream outlives a link, not its peer).
+            #expect(!channel.isClosed)
+            channel.close(PeerLinkError(.notConnected, "Greedy broke the stream rules"))
+            channel.deliverPending()
 
             var received = 0
             do {
