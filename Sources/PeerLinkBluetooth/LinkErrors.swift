@@ -15,8 +15,7 @@ extension BluetoothErrors {
         let address = endpoint.bluetoothAddress.map(\.description) ?? "the device"
         switch error.errno {
         case ECONNREFUSED:
-            return PeerLinkError(
-                .unavailable,
+            return .nothingListens(
                 "nothing listens on \(kind.rawValue.uppercased()) \(kind.portName) \(kind.portDescription(port)) at \(address), or it did not accept the link's pairing: is the peer running, and on that \(kind.portName)? If a pairing prompt appeared on it, accept it")
         case ETIMEDOUT:
             return PeerLinkError(

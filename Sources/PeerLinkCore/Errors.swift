@@ -15,10 +15,21 @@ public struct PeerLinkError: Error, Hashable, Sendable, CustomStringConvertible 
 
     public var code: Code
     public var message: String
+    /// A dial's error when the far end answered that nothing listens at the address
+    /// (`ECONNREFUSED`): the machine is there, the peer's session is not (code `unavailable`).
+    public var nothingListens: Bool
 
     public init(_ code: Code, _ message: String) {
         self.code = code
         self.message = message
+        nothingListens = false
+    }
+
+    /// A dial refused because nothing listens at the address (``nothingListens``).
+    public static func nothingListens(_ message: String) -> PeerLinkError {
+        var error = PeerLinkError(.unavailable, message)
+        error.nothingListens = true
+        return error
     }
 
     public var description: String { message }

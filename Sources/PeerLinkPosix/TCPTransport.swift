@@ -114,7 +114,7 @@ enum TCPErrors {
         guard let error = error as? SystemError else { return other(error, "the dial to \(endpoint)") }
         switch error.errno {
         case ECONNREFUSED:
-            return PeerLinkError(.unavailable, "nothing listens at \(endpoint): is the peer still running?")
+            return .nothingListens("nothing listens at \(endpoint): is the peer still running?")
         case ETIMEDOUT:
             return PeerLinkError(
                 .timedOut,

@@ -371,6 +371,8 @@ extension PeerSession {
     /// `dialFailed` when none does.
     private func dial(_ peer: PeerID, endpoints: [Endpoint]) async {
         var failures: [String] = []
+        // whether every endpoint answered that nothing listens there (the peer's session is gone)
+        var refusedEverywhere = true
         for endpoint in endpoints {
             guard !stopped.isFired else { return }
             var metadata = peerMetadata(peer)
@@ -390,6 +392,7 @@ extension PeerSession {
                 metadata["reason"] = "\(message)"
                 logger.info("dial failed", metadata: metadata)
                 failures.append(message)
+                if (error as? PeerLinkError)?.nothingListens != true { refusedEverywhere = false }
                 continue
             }
             guard let channel = dialled else { return }
@@ -404,7 +407,7 @@ extension PeerSession {
             failures.isEmpty
             ? "no endpoint is known for it: discovery has not reported it, or not on a transport this session dials"
             : failures.joined(separator: "; ")
-        dialFailed(peer, reason: reason, report: "could not reach \(peer): \(reason)")
+        dialFailed(peer, reason: reason, refused: !failures.isEmpty && refusedEverywhere, report: "could not reach \(peer): \(reason)")
     }
 
     /// Dials `endpoint` with the first transport that dials its kind (``PeerLinkCore/Transport/dials(_:)``;
@@ -479,12 +482,18 @@ extension PeerSession {
     }
 
     /// Tells the state machine a dial failed, and the app why.
-    private func dialFailed(_ peer: PeerID, reason: String, report: String) {
+    /// While the peer is being reconnected (its grace) or is connected (an upgrade dial), a
+    /// failed dial is logged, not reported: the app hears once whether the peer came back
+    /// (``PeerSessionEvent/peerTransportChanged(_:transport:remote:)``) or left.
+    private func dialFailed(_ peer: PeerID, reason: String, refused: Bool = false, report: String) {
         let now = time.now()
         let effects = core.withLockThenDeliver { core -> [Effect] in
             guard core.phase == .running else { return [] }
-            self.report(.linkFailed(peer, reason: report), in: &core)
-            return carryOut(core.machine.dialFailed(peer, reason: reason, at: now), in: &core)
+            // a redial in the grace, or an upgrade dial to a peer connected already: logged only
+            if !core.machine.isReconnecting(peer), core.machine.state(of: peer) != .connected {
+                self.report(.linkFailed(peer, reason: report), in: &core)
+            }
+            return carryOut(core.machine.dialFailed(peer, reason: reason, refused: refused, at: now), in: &core)
         }
         perform(effects)
     }

@@ -97,7 +97,7 @@ public final class MemoryNetwork: Sendable {
     func dial(_ name: String, kind: TransportKind = .memory) throws(PeerLinkError) -> MemoryChannel {
         try state.withLock { state throws(PeerLinkError) -> MemoryChannel in
             guard let listener = state.listeners[name], listener.kind == kind else {
-                throw PeerLinkError(.unavailable, "nothing listens at \(kind)://\(name): is the peer still running?")
+                throw PeerLinkError.nothingListens("nothing listens at \(kind)://\(name): is the peer still running?")
             }
             state.dialCount += 1
             let connection = MemoryConnection(capacity: bufferCapacity)
@@ -107,7 +107,7 @@ public final class MemoryNetwork: Sendable {
             let accepted = MemoryChannel(
                 connection: connection, side: 1, kind: kind, remoteDescription: "\(kind)://\(name)/dialer-\(state.dialCount)")
             guard listener.enqueue(accepted) else {
-                throw PeerLinkError(.unavailable, "nothing listens at \(kind)://\(name): is the peer still running?")
+                throw PeerLinkError.nothingListens("nothing listens at \(kind)://\(name): is the peer still running?")
             }
             return dialer
         }

@@ -122,6 +122,21 @@ struct SessionLivenessTests {
         #expect(reason.contains("within 10 s"), "\(reason)")
     }
 
+    /// A member whose link failed and whose every endpoint answers that nothing listens there
+    /// (its process died) leaves at once, not at the end of the grace.
+    @Test func aMemberWhoseProcessDiedLeavesAtOnce() throws {
+        var net = try Self.meshOfThree(policy: SessionPolicy(reconnectGrace: .seconds(30), redialInterval: .seconds(2)))
+        net.failingDials = [[0, 1], [1, 0]]
+        net.refusedDials = [[0, 1]]
+        net.breakLinks(between: 0, and: 1)
+        net.run()
+        #expect(net.connected(0) == [2], "node 0 found nothing listening at node 1's address")
+        let reason = try #require(Self.reason(net, 0, about: 1))
+        #expect(reason.contains("nothing listens"), "\(reason)")
+        // node 1's dials fail otherwise (unreachable): it waits for the grace
+        #expect(net.connected(1) == [0, 2])
+    }
+
     /// A peer that left on purpose (`GO_AWAY` 0) is not waited for.
     @Test func aPeerThatLeftIsNotWaitedFor() throws {
         var net = try Self.meshOfThree()

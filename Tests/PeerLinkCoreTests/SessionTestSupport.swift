@@ -79,6 +79,8 @@ struct SessionNet {
     var generator: SeededGenerator
     /// Dials from the first node to the second fail.
     var failingDials: Set<[Int]> = []
+    /// Of those, dials that find nothing listening (`ECONNREFUSED`: the peer's process is gone).
+    var refusedDials: Set<[Int]> = []
     /// Frames from the first node to the second are dropped (a silent peer).
     var droppedFrames: Set<[Int]> = []
     private var failures: [(from: Int, to: Int)] = []
@@ -240,7 +242,11 @@ struct SessionNet {
             found(discovery.node, discovery.found)
         case .failDial(let index):
             let failure = failures.remove(at: index)
-            apply(failure.from, nodes[failure.from].machine.dialFailed(peer(failure.to), reason: "unreachable (test)", at: now))
+            let refused = refusedDials.contains([failure.from, failure.to])
+            apply(
+                failure.from,
+                nodes[failure.from].machine.dialFailed(
+                    peer(failure.to), reason: refused ? "nothing listens (test)" : "unreachable (test)", refused: refused, at: now))
         case .deliverForward(let index):
             let item = connections[index].forward.removeFirst()
             deliver(item, to: connections[index].listener, from: connections[index].dialer, connection: index)

@@ -465,11 +465,21 @@ public struct SessionStateMachine: Sendable {
     }
 
     /// A ``SessionAction/dial(_:endpoints:)`` to `peer` failed.
-    public mutating func dialFailed(_ peer: PeerID, reason: String, at time: Duration) -> [SessionAction] {
+    ///
+    /// - Parameter refused: every endpoint dialled answered that nothing listens there
+    ///   (`ECONNREFUSED`): the machine is reachable and the peer's session is gone. A member
+    ///   being reconnected leaves at once then, instead of at the end of its grace — a peer
+    ///   that comes back is another run of it (another incarnation) anyway.
+    public mutating func dialFailed(_ peer: PeerID, reason: String, refused: Bool = false, at time: Duration) -> [SessionAction] {
         advance(to: time)
         if var record = peers[peer.fingerprint], record.dialing {
             record.dialing = false
-            if record.reconnectDeadline != nil || !record.links.isEmpty {
+            if refused, record.reconnectDeadline != nil, record.links.isEmpty {
+                record.reconnectDeadline = nil
+                record.redialAt = nil
+                peers[peer.fingerprint] = record
+                lose(peer.fingerprint, reason: "\(peer)'s link failed and nothing listens at its addresses any more: \(reason)")
+            } else if record.reconnectDeadline != nil || !record.links.isEmpty {
                 // reconnecting or upgrading: try again later, the grace decides
                 record.redialAt = now + policy.redialInterval
                 peers[peer.fingerprint] = record
