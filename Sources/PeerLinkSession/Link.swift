@@ -56,6 +56,10 @@ public final class Link: Sendable {
         public var reason: String
         /// True when the peer ended it (its refusal, `GO_AWAY` or end of stream).
         public var byPeer: Bool
+        /// True when the established link ended without a `GO_AWAY` either way: the end of its
+        /// stream or an I/O error (a reset, an adapter or interface gone). The peer may still be
+        /// there: a session dials it again (see ``PeerLinkCore/SessionPolicy/reconnectGrace``).
+        public var lost = false
         /// The closure as the error that ``Link/established`` and ``Link/send(_:)`` throw.
         public var error: PeerLinkError
 
@@ -350,7 +354,7 @@ public final class Link: Sendable {
             }
             if bytes.isEmpty {
                 let logs = state.withLockThenDeliver { state in
-                    apply(state.machine.receiveEnd(at: clock.now()), to: &state, from: .read)
+                    apply(state.machine.receiveEnd(at: clock.now()), to: &state, from: .endOfStream)
                 }
                 emit(logs)
                 break
@@ -618,6 +622,8 @@ public final class Link: Sendable {
     /// Where a batch of outputs came from: decides how a closure is reported.
     enum Source {
         case start, read, tick, send, close, cancel
+        /// The channel's stream ended (a read returned no bytes).
+        case endOfStream
         case channelFailure(PeerLinkError)
     }
 
@@ -699,10 +705,11 @@ public final class Link: Sendable {
 
     private func makeClosure(code: GoAwayCode, reason: String, byPeer: Bool, source: Source, state: State) -> Closure {
         let remote = channel.remoteDescription
+        let established = state.established.map { (try? $0.get()) != nil } ?? false
         switch source {
         case .channelFailure(let failure):
             // The transport's message says more than "the stream ended".
-            return Closure(code: code, reason: failure.message, byPeer: true, error: failure)
+            return Closure(code: code, reason: failure.message, byPeer: true, lost: established, error: failure)
         case .cancel:
             return Closure(
                 code: code, reason: reason, byPeer: false,
@@ -724,7 +731,9 @@ public final class Link: Sendable {
         let who = byPeer ? "the peer closed the link to \(remote)" : "the link to \(remote) was closed on this side"
         let when = state.established == nil ? " before the handshake completed" : ""
         let message = "\(who)\(when): \(reason) (code \(code))"
-        return Closure(code: code, reason: reason, byPeer: byPeer, error: PeerLinkError(errorCode, message))
+        var lost = false
+        if case .endOfStream = source { lost = established }
+        return Closure(code: code, reason: reason, byPeer: byPeer, lost: lost, error: PeerLinkError(errorCode, message))
     }
 
     private static func notConnected(_ closure: Closure, remote: String) -> PeerLinkError {

@@ -545,11 +545,12 @@ extension PeerSession {
             for await event in link.events {
                 switch event {
                 case .frame(let frame):
-                    apply { core, now in (core.machine.frameReceived(frame, on: id, at: now), ()) }
+                    apply { core, now in (core.machine.frameReceived(frame, on: id, from: established.remote, at: now), ()) }
                 case .closed(let code, let reason, let byPeer):
                     // After the handshake, only an admission check closes a link with code 7.
                     if byPeer, code == .identityMismatch { refusedByPeer(established.remote, reason: reason) }
-                    apply { core, now in (core.machine.linkClosed(id, code: code, reason: reason, at: now), ()) }
+                    let lost = link.closure?.lost ?? false
+                    apply { core, now in (core.machine.linkClosed(id, code: code, reason: reason, lost: lost, at: now), ()) }
                 }
             }
             core.withLockThenDeliver { core in

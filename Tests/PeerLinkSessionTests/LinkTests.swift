@@ -152,9 +152,12 @@ struct MemoryLinkTests {
         let accepted = try await listener.accept()
         let server = Identity.generate()
         let limit = 32 * 1024
+        // The raw peer never writes, so the link's keep-alive would end it after 8 s: give a
+        // loaded machine (the whole suite in parallel) more than that to move 640 KiB.
         let link = Link(
             channel: accepted, role: .listener, identity: server, preface: LinkFixture.preface(),
-            hello: LinkFixture.hello("Bo"), maxQueuedBytes: limit, logger: log.logger)
+            hello: LinkFixture.hello("Bo"), policy: LinkPolicy(keepAliveTimeout: .seconds(60)), maxQueuedBytes: limit,
+            logger: log.logger)
         let chunk = [UInt8](repeating: 0x5A, count: WireFormat.maxFramePayload)
         let count = 40
         try await withThrowingTaskGroup(of: Void.self) { group in

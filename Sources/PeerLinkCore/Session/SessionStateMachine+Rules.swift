@@ -243,7 +243,7 @@ extension SessionStateMachine {
 
     /// Forgets `link`. A pair left without links is lost, unless the link was closed as a
     /// duplicate or the local dial to the peer is under way: then its replacement is awaited.
-    mutating func removeLink(_ link: LinkID, code: GoAwayCode, reason: String) {
+    mutating func removeLink(_ link: LinkID, code: GoAwayCode, reason: String, lost: Bool = false) {
         guard let linkRecord = links.removeValue(forKey: link), var record = peers[linkRecord.peer] else { return }
         record.links.removeAll { $0 == link }
         if record.pendingJoin?.link == link { record.pendingJoin = nil }
@@ -258,7 +258,7 @@ extension SessionStateMachine {
             peers[linkRecord.peer] = record
             return
         }
-        if record.isMember, policy.reconnectGrace > .zero, Self.isRecoverable(code) {
+        if record.isMember, policy.reconnectGrace > .zero, lost || Self.isRecoverable(code) {
             // The member stays; its frames wait (and are kept) for the next link, whichever
             // transport brings it. Both sides dial; the duplicate tie-break keeps one link.
             if record.reconnectDeadline == nil { record.reconnectDeadline = now + policy.reconnectGrace }

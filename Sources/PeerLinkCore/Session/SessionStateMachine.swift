@@ -494,21 +494,36 @@ public struct SessionStateMachine: Sendable {
 
     /// `link` is over (the peer's `GO_AWAY`, the end of its stream, a keep-alive timeout, an
     /// error). Links the state machine closed itself are forgotten already and ignored here.
-    public mutating func linkClosed(_ link: LinkID, code: GoAwayCode, reason: String, at time: Duration) -> [SessionAction] {
+    ///
+    /// - Parameter lost: the link ended without a `GO_AWAY` (the end of its stream, a reset, an
+    ///   I/O error): a member is then dialled again within its grace whatever `code` says.
+    public mutating func linkClosed(_ link: LinkID, code: GoAwayCode, reason: String, lost: Bool = false, at time: Duration) -> [SessionAction] {
         advance(to: time)
         // The peer closed its link with code 0: it left (or has no business here). Automatic
         // mode does not call it back until discovery loses it and finds it again.
-        if code == .normal, let fingerprint = links[link]?.peer { peers[fingerprint]?.autoBlocked = true }
-        removeLink(link, code: code, reason: "link closed, code \(code): \(reason)")
+        if code == .normal, !lost, let fingerprint = links[link]?.peer { peers[fingerprint]?.autoBlocked = true }
+        removeLink(link, code: code, reason: "link closed, code \(code): \(reason)", lost: lost)
         settle()
         return takeActions()
     }
 
     /// A frame from the peer on `link`.
-    public mutating func frameReceived(_ frame: Frame, on link: LinkID, at time: Duration) -> [SessionAction] {
+    ///
+    /// - Parameter peer: the link's peer. A message chunk is the peer's, not the link's (the
+    ///   pair's continuity took it, and acknowledges it): one that arrives on a link this side
+    ///   closed already — a duplicate the tie-break dropped, a link being replaced — still counts.
+    public mutating func frameReceived(_ frame: Frame, on link: LinkID, from peer: PeerID? = nil, at time: Duration) -> [SessionAction] {
         advance(to: time)
-        guard let record = links[link] else { return takeActions() }
-        let fingerprint = record.peer
+        let fingerprint: Fingerprint
+        if let record = links[link] {
+            fingerprint = record.peer
+        } else if case .message = frame, let peer, peers[peer.fingerprint] != nil {
+            fingerprint = peer.fingerprint
+        } else {
+            return takeActions()
+        }
+        // Where a chunk that breaks a limit is answered: its link, or the peer's link now.
+        let culprit = links[link] != nil ? link : peers[fingerprint].flatMap { sendLink(for: $0) }
         switch frame {
         case .control(let message):
             receive(message, from: fingerprint, on: link)
@@ -519,13 +534,13 @@ public struct SessionStateMachine: Sendable {
             bufferedMessageBytes += held - before
             switch outcome {
             case .incomplete:
-                if held > partialMessageLimits.perLink {
+                if held > partialMessageLimits.perLink, let culprit {
                     close(
-                        link, code: .resourceLimit,
+                        culprit, code: .resourceLimit,
                         reason: "\(held) bytes of messages received in part from this peer, over the limit of \(partialMessageLimits.perLink)")
-                } else if bufferedMessageBytes > partialMessageLimits.perSession {
+                } else if bufferedMessageBytes > partialMessageLimits.perSession, let culprit {
                     close(
-                        link, code: .resourceLimit,
+                        culprit, code: .resourceLimit,
                         reason: "\(bufferedMessageBytes) bytes of messages received in part in this session, over the limit of \(partialMessageLimits.perSession)")
                 }
             case .complete(let bytes):
@@ -535,8 +550,9 @@ public struct SessionStateMachine: Sendable {
                     ignoredMessages += 1
                 }
             case .tooLarge(let size):
+                guard let culprit else { break }
                 close(
-                    link, code: .protocolError,
+                    culprit, code: .protocolError,
                     reason: "message \(id) is over \(size - chunk.count) bytes and growing; "
                         + "a message is at most \(WireFormat.maxMessageLength) bytes (16 MiB)")
             }

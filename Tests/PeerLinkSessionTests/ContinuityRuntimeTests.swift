@@ -1,0 +1,194 @@
+import Foundation
+import PeerLinkCore
+import PeerLinkPosix
+import PeerLinkSession
+import PeerLinkTestSupport
+import Testing
+
+/// A session across link changes, for real: two automatic peers on the in-memory transport and
+/// loopback TCP (ranked above it), messages and a stream flowing while their link is upgraded,
+/// cut and replaced.
+@Suite("Sessions across link changes: upgrade, failover, reconnect", .timeLimit(.minutes(1)))
+struct ContinuityRuntimeTests {
+    struct Node {
+        let node: SessionNode
+        let tcp: TCPTransportListener
+        var memoryEndpoints: [Endpoint] { node.listener.localEndpoints }
+        var allEndpoints: [Endpoint] { tcp.localEndpoints + node.listener.localEndpoints }
+    }
+
+    static func node(_ name: String, network: MemoryNetwork, log: TestLog) throws -> Node {
+        let configuration = PeerSessionConfiguration(
+            identity: .generate(), displayName: try DisplayName(name), serviceType: SessionNode.chat, encryption: .required,
+            policy: SessionPolicy(automatic: true, automaticFallback: .seconds(2)))
+        let memory = try network.listen(name: name)
+        let tcp = try TCPTransportListener(host: "127.0.0.1")
+        let session = PeerSession(
+            configuration: configuration, transports: [network.transport, TCPTransport()], listeners: [memory, tcp],
+            logger: log.logger)
+        return Node(node: SessionNode(session: session, listener: memory), tcp: tcp)
+    }
+
+    /// Tells `node` discovery found `other` at `endpoints`.
+    static func find(_ node: Node, _ other: Node, at endpoints: [Endpoint]) {
+        node.node.session.discovered(
+            .found(DiscoveredPeer(id: other.node.peer, protocolVersion: 1, endpoints: endpoints, info: try! DiscoveryInfo())))
+    }
+
+    static func transportChanges(_ events: [PeerSessionEvent], about peer: PeerID) -> [String] {
+        events.compactMap { event in
+            if case .peerTransportChanged(peer, let transport, _) = event { return transport }
+            return nil
+        }
+    }
+
+    @Test(
+        "a pair on a slower transport moves to TCP once it finds it (upgrade), then back when TCP fails (failover): every message once, in order; a stream goes on; nobody leaves"
+    )
+    func upgradeThenFailover() async throws {
+        let network = MemoryNetwork()
+        let log = TestLog()
+        let ana = try Self.node("ana", network: network, log: log)
+        let bo = try Self.node("bo", network: network, log: log)
+        defer {
+            ana.tcp.close()
+            bo.tcp.close()
+        }
+        try await withRunning([ana.node, bo.node]) {
+            // They meet on the memory transport only.
+            Self.find(ana, bo, at: bo.memoryEndpoints)
+            Self.find(bo, ana, at: ana.memoryEndpoints)
+            try await ana.node.log.wait("Ana sees Bo connected") { $0.state(of: bo.node.peer) == .connected }
+            try await bo.node.log.wait("Bo sees Ana connected") { $0.state(of: ana.node.peer) == .connected }
+            #expect(await ana.node.session.info(for: bo.node.peer)?.transport == "memory")
+
+            // Messages and a stream, both flowing through everything below.
+            let count = 400
+            let sender = Task {
+                for index in 1...count {
+                    try await ana.node.session.send(Array("m\(index)".utf8), to: [bo.node.peer])
+                    if index % 20 == 0 { try await Task.sleep(for: .milliseconds(10)) }
+                }
+            }
+            let payload = (0..<(3 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 131 &+ $0 >> 9) }
+            let stream = try await ana.node.session.openStream(named: "bulk", to: bo.node.peer)
+            let writer = Task {
+                var offset = 0
+                while offset < payload.count {
+                    let end = min(offset + 16 * 1024, payload.count)
+                    try await stream.write(Array(payload[offset..<end]))
+                    offset = end
+                    if offset % (256 * 1024) == 0 { try await Task.sleep(for: .milliseconds(20)) }
+                }
+                try await stream.finish()
+            }
+            let reader = Task { () -> [UInt8] in
+                var incoming = bo.node.session.incomingStreams.makeAsyncIterator()
+                guard let accepted = await incoming.next() else { return [] }
+                var bytes: [UInt8] = []
+                while let chunk = try await accepted.read() { bytes += chunk }
+                return bytes
+            }
+
+            // Upgrade: TCP shows up in discovery. Within 5 s both are on it.
+            try await Task.sleep(for: .milliseconds(300))
+            let foundAt = ContinuousClock.now
+            Self.find(ana, bo, at: bo.allEndpoints)
+            Self.find(bo, ana, at: ana.allEndpoints)
+            try await ana.node.log.wait("Ana: Bo now on TCP", within: .seconds(10)) { events in
+                Self.transportChanges(events, about: bo.node.peer).contains("tcp")
+            }
+            try await bo.node.log.wait("Bo: Ana now on TCP", within: .seconds(10)) { events in
+                Self.transportChanges(events, about: ana.node.peer).contains("tcp")
+            }
+            #expect(ContinuousClock.now - foundAt < .seconds(5), "upgraded \(ContinuousClock.now - foundAt) after TCP was found")
+            #expect(await ana.node.session.info(for: bo.node.peer)?.transport == "tcp")
+
+            // Failover: TCP goes away under them (listeners closed, the link's socket shut): the
+            // pair is back on the memory transport within 10 s.
+            try await Task.sleep(for: .milliseconds(300))
+            ana.tcp.close()
+            bo.tcp.close()
+            let link = try #require(ana.node.session.channel(for: bo.node.peer)?.activeLink)
+            #expect(link.channel.transport == "tcp")
+            let cutAt = ContinuousClock.now
+            link.channel.close()
+            try await ana.node.log.wait("Ana: Bo back on memory", within: .seconds(15)) { events in
+                Self.transportChanges(events, about: bo.node.peer).last == "memory"
+            }
+            try await bo.node.log.wait("Bo: Ana back on memory", within: .seconds(15)) { events in
+                Self.transportChanges(events, about: ana.node.peer).last == "memory"
+            }
+            #expect(ContinuousClock.now - cutAt < .seconds(10), "failed over \(ContinuousClock.now - cutAt) after the cut")
+
+            // Everything arrived: each message once, in order; the stream whole.
+            try await sender.value
+            try await writer.value
+            let received = try await reader.value
+            #expect(received.count == payload.count && received == payload, "\(received.count) of \(payload.count) stream bytes")
+            try await bo.node.log.wait("all messages at Bo", within: .seconds(20)) { $0.messages(from: ana.node.peer).count >= count }
+            let texts = bo.node.log.events.messages(from: ana.node.peer).map { String(decoding: $0, as: UTF8.self) }
+            #expect(texts == (1...count).map { "m\($0)" })
+            #expect(!ana.node.log.events.contains { if case .peerStateChanged(_, .notConnected, _) = $0 { true } else { false } })
+            #expect(!bo.node.log.events.contains { if case .peerStateChanged(_, .notConnected, _) = $0 { true } else { false } })
+        }
+    }
+
+    @Test("a member whose link is cut and whose process is gone leaves at once, not at the end of the grace")
+    func aDeadPeerLeavesAtOnce() async throws {
+        let network = MemoryNetwork()
+        let log = TestLog()
+        let ana = try Self.node("ana", network: network, log: log)
+        let bo = try Self.node("bo", network: network, log: log)
+        defer {
+            ana.tcp.close()
+            bo.tcp.close()
+        }
+        try await withRunning([ana.node, bo.node]) {
+            Self.find(ana, bo, at: bo.memoryEndpoints)
+            Self.find(bo, ana, at: ana.memoryEndpoints)
+            try await ana.node.log.wait("Ana sees Bo connected") { $0.state(of: bo.node.peer) == .connected }
+            // Bo's process "dies": its listener goes, nothing it writes arrives any more (no
+            // GO_AWAY), and Ana's end of the link ends without one.
+            bo.node.listener.close()
+            network.cut("bo")
+            let cutAt = ContinuousClock.now
+            if let link = ana.node.session.channel(for: bo.node.peer)?.activeLink { link.channel.close() }
+            try await ana.node.log.wait("Ana sees Bo leave", within: .seconds(15)) { $0.state(of: bo.node.peer) == .notConnected }
+            bo.node.kill.fire()
+            #expect(ContinuousClock.now - cutAt < .seconds(5), "left \(ContinuousClock.now - cutAt) after the cut")
+        }
+    }
+
+    @Test("a link severed without a word is found dead by the keep-alive; the pair comes back on a new link within the grace and what was sent meanwhile arrives")
+    func reconnectAfterASilentCut() async throws {
+        let network = MemoryNetwork()
+        let log = TestLog()
+        let ana = try Self.node("ana", network: network, log: log)
+        let bo = try Self.node("bo", network: network, log: log)
+        defer {
+            ana.tcp.close()
+            bo.tcp.close()
+        }
+        try await withRunning([ana.node, bo.node]) {
+            Self.find(ana, bo, at: bo.memoryEndpoints)
+            Self.find(bo, ana, at: ana.memoryEndpoints)
+            try await ana.node.log.wait("Ana sees Bo connected") { $0.state(of: bo.node.peer) == .connected }
+            try await bo.node.log.wait("Bo sees Ana connected") { $0.state(of: ana.node.peer) == .connected }
+            try await ana.node.session.send(Array("before".utf8), to: [bo.node.peer])
+            try await bo.node.log.wait("the first line at Bo") { $0.messages(from: ana.node.peer).count == 1 }
+            // The cable is pulled: nothing arrives either way, nobody is told. Lines sent now wait.
+            network.cut("bo")
+            network.cut("ana")
+            for index in 1...5 { try await ana.node.session.send(Array("during \(index)".utf8), to: [bo.node.peer]) }
+            try await ana.node.log.wait("Ana: Bo on a new link", within: .seconds(25)) { events in
+                !Self.transportChanges(events, about: bo.node.peer).isEmpty
+            }
+            try await bo.node.log.wait("every line at Bo", within: .seconds(10)) { $0.messages(from: ana.node.peer).count >= 6 }
+            let texts = bo.node.log.events.messages(from: ana.node.peer).map { String(decoding: $0, as: UTF8.self) }
+            #expect(texts == ["before"] + (1...5).map { "during \($0)" })
+            #expect(!ana.node.log.events.contains { if case .peerStateChanged(_, .notConnected, _) = $0 { true } else { false } })
+            #expect(!bo.node.log.events.contains { if case .peerStateChanged(_, .notConnected, _) = $0 { true } else { false } })
+        }
+    }
+}
