@@ -664,6 +664,9 @@ extension SessionStateMachine {
         if let chosen, record.isMember {
             if let announced = record.announcedLink, announced != chosen { emit(.event(.linkChanged(record.id, chosen))) }
             record.announcedLink = chosen
+            // A member on a link ranked below an endpoint it is known at (after a failover, or
+            // an upgrade dial that failed) is dialled there again: an upgrade is due once more.
+            if record.upgradeSeenAt == nil, !record.dialing, !betterEndpoints(record).isEmpty { record.upgradeSeenAt = now }
         }
         guard let link = chosen else {
             peers[fingerprint] = record
