@@ -291,7 +291,9 @@ public final class PeerSession: Sendable {
             case .found(let peer), .updated(let peer):
                 guard peer.id.fingerprint != localPeer.fingerprint else { return [] }
                 if !peer.endpoints.isEmpty { core.discovered[peer.id.fingerprint] = peer.endpoints }
-                if case .updated = event, core.found.contains(peer.id.fingerprint) { return [] }
+                if case .updated = event, core.found.contains(peer.id.fingerprint) {
+                    return carryOut(core.machine.peerUpdated(peer.id, endpoints: peer.endpoints, at: now), in: &core)
+                }
                 core.found.insert(peer.id.fingerprint)
                 return carryOut(core.machine.peerFound(peer.id, endpoints: peer.endpoints, at: now), in: &core)
             case .lost(let peer):

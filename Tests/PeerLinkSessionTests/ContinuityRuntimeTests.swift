@@ -35,6 +35,12 @@ struct ContinuityRuntimeTests {
             .found(DiscoveredPeer(id: other.node.peer, protocolVersion: 1, endpoints: endpoints, info: try! DiscoveryInfo())))
     }
 
+    /// Tells `node` discovery now has `other` at `endpoints` (another transport found it).
+    static func update(_ node: Node, _ other: Node, at endpoints: [Endpoint]) {
+        node.node.session.discovered(
+            .updated(DiscoveredPeer(id: other.node.peer, protocolVersion: 1, endpoints: endpoints, info: try! DiscoveryInfo())))
+    }
+
     static func transportChanges(_ events: [PeerSessionEvent], about peer: PeerID) -> [String] {
         events.compactMap { event in
             if case .peerTransportChanged(peer, let transport, _) = event { return transport }
@@ -90,11 +96,11 @@ struct ContinuityRuntimeTests {
                 return bytes
             }
 
-            // Upgrade: TCP shows up in discovery. Within 5 s both are on it.
+            // Upgrade: discovery finds the peer on TCP too. Within 5 s both are on it.
             try await Task.sleep(for: .milliseconds(300))
             let foundAt = ContinuousClock.now
-            Self.find(ana, bo, at: bo.allEndpoints)
-            Self.find(bo, ana, at: ana.allEndpoints)
+            Self.update(ana, bo, at: bo.allEndpoints)
+            Self.update(bo, ana, at: ana.allEndpoints)
             try await ana.node.log.wait("Ana: Bo now on TCP", within: .seconds(10)) { events in
                 Self.transportChanges(events, about: bo.node.peer).contains("tcp")
             }

@@ -408,6 +408,20 @@ public struct SessionStateMachine: Sendable {
         return takeActions()
     }
 
+    /// Discovery has new endpoints for `peer`, found before (another transport found it, an
+    /// address changed). Only the endpoints change: a member found on a better ranked transport
+    /// than its link's is upgraded (see ``SessionPolicy/transportRanks``); nothing else is
+    /// decided again (a peer that left on purpose is not called back).
+    public mutating func peerUpdated(_ peer: PeerID, endpoints: [Endpoint], at time: Duration) -> [SessionAction] {
+        advance(to: time)
+        guard var record = peers[peer.fingerprint], !endpoints.isEmpty else { return takeActions() }
+        record.endpoints = endpoints
+        peers[peer.fingerprint] = record
+        noteUpgrade(peer.fingerprint)
+        settle()
+        return takeActions()
+    }
+
     /// Discovery lost `peer`. Its links and membership are not touched (a link's keep-alive
     /// decides when it is dead); automatic mode stops inviting it.
     public mutating func peerLost(_ peer: PeerID, at time: Duration) -> [SessionAction] {
