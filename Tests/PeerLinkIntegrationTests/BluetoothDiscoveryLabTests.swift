@@ -250,4 +250,90 @@ struct BluetoothDiscoveryLabTests {
         #expect(try await a.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(a.stderr)")
         _ = try await runSpawned("/bin/bash", [script, "stop-avahi", "--state", state], timeout: .seconds(60))
     }
+
+    /// Cuts TCP between the guest's chats (and only TCP: avahi's mDNS goes on), as a Wi-Fi that
+    /// drops does: packets to or from `ports` are refused by policy routing, so the links stop
+    /// carrying anything and new dials fail. The guest is a throw-away VM; `restoreTCP` undoes it.
+    static func cutTCP(ports: [String]) async throws {
+        var script = "set -e; ip rule add pref 100 lookup local; ip rule del pref 0 lookup local"
+        for port in ports {
+            script += "; ip rule add pref 10 ipproto tcp dport \(port) prohibit; ip rule add pref 11 ipproto tcp sport \(port) prohibit"
+        }
+        let result = try await runSpawned("/bin/sh", ["-c", script + "; ip route flush cache"], timeout: .seconds(20))
+        try #require(result.status == 0, "ip rule: \(result.stderr)")
+    }
+
+    static func restoreTCP() async throws {
+        let script =
+            "while ip rule del pref 10 2>/dev/null; do :; done; while ip rule del pref 11 2>/dev/null; do :; done; "
+            + "ip rule show | grep -q '^0:' || ip rule add pref 0 lookup local; ip rule del pref 100 lookup local 2>/dev/null; ip route flush cache; true"
+        _ = try await runSpawned("/bin/sh", ["-c", script], timeout: .seconds(20))
+    }
+
+    @Test(
+        "auto: a pair on TCP moves to Bluetooth when TCP stops working (nothing lost, nobody leaves), and back to TCP when it works again",
+        .timeLimit(.minutes(5)))
+    func failoverToBluetoothAndUpgradeBack() async throws {
+        let script = try #require(TestHost.repositoryRoot.map { $0 + "/Hardware/daemons.sh" })
+        let state = TestHost.temporaryDirectory("peerlink-lab-avahi")
+        let started = try await runSpawned("/bin/bash", [script, "start-avahi", "--state", state], timeout: .seconds(60))
+        try #require(started.status == 0, "\(started.stdout)\n\(started.stderr)")
+        let a = try ChildProcess.peerlink(
+            ["chat", "--name", "alice", "--transport", "auto", "--adapter", DiscoveryLab.advertiserAdapter], withInput: true)
+        let b = try ChildProcess.peerlink(
+            ["chat", "--name", "bob", "--transport", "auto", "--adapter", DiscoveryLab.scannerAdapter], withInput: true)
+        do {
+            var listening: [String] = []
+            for chat in [a, b] { listening.append(try await chat.waitForStderrLine(containing: "Listening on tcp://", timeout: .seconds(60))) }
+            let ports = listening.compactMap { $0.split(separator: ":").last.map(String.init) }.map {
+                String($0.prefix { $0.isNumber })
+            }
+            try #require(ports.count == 2 && ports.allSatisfy { !$0.isEmpty }, "\(listening)")
+            _ = try await b.waitForLine(containing: "* alice joined", timeout: .seconds(120))
+            _ = try await a.waitForLine(containing: "* bob joined", timeout: .seconds(60))
+            // Wait until each knows the other over Bluetooth too (an inquiry and SDP take seconds).
+            let deadline = ContinuousClock.now + .seconds(90)
+            for chat in [a, b] {
+                while true {
+                    let before = chat.stderrLines.count
+                    chat.type("/peers\n")
+                    try await Task.sleep(for: .seconds(1))
+                    let line = chat.stderrLines.dropFirst(before).first { $0.contains("reachable on") } ?? ""
+                    let reachable = line.components(separatedBy: "reachable on").last ?? ""
+                    if reachable.contains("tcp"), reachable.contains("l2cap") || reachable.contains("rfcomm") { break }
+                    guard ContinuousClock.now < deadline else { throw HarnessError("never reachable over Bluetooth: \(line)") }
+                    try await Task.sleep(for: .seconds(3))
+                }
+            }
+
+            // TCP stops working: within the keep-alive (8 s) and 10 s more the pair is on
+            // Bluetooth; what was typed meanwhile arrives; nobody leaves.
+            try await Self.cutTCP(ports: ports)
+            b.type("typed while TCP was down\n")
+            let moved = try await a.waitForLine(timeout: .seconds(40)) { $0.hasPrefix("* bob now on ") }
+            #expect(moved.contains("l2cap") || moved.contains("rfcomm"), "\(moved)")
+            _ = try await a.waitForLine(containing: "bob: typed while TCP was down", timeout: .seconds(30))
+
+            // TCP works again: the pair moves back to it (make-before-break), and goes on.
+            try await Self.restoreTCP()
+            _ = try await a.waitForLine(containing: "* bob now on tcp", timeout: .seconds(40))
+            b.type("back on the LAN\n")
+            _ = try await a.waitForLine(containing: "bob: back on the LAN", timeout: .seconds(30))
+            #expect(!b.stdout.contains("* alice left") && !a.stdout.contains("* bob left"), "nobody left:\n\(a.stdout)\n\(b.stdout)")
+            let typed = a.stdoutLines.filter { $0.contains("typed while TCP was down") }
+            #expect(typed.count == 1, "once: \(typed)")
+        } catch {
+            Issue.record("alice's stderr:\n\(a.stderr)\nbob's stderr:\n\(b.stderr)")
+            try? await Self.restoreTCP()
+            a.terminate()
+            b.terminate()
+            _ = try? await runSpawned("/bin/bash", [script, "stop-avahi", "--state", state], timeout: .seconds(60))
+            throw error
+        }
+        b.closeInput()
+        #expect(try await b.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(b.stderr)")
+        a.closeInput()
+        #expect(try await a.waitForExit(timeout: .seconds(30)) == 0, "stderr: \(a.stderr)")
+        _ = try await runSpawned("/bin/bash", [script, "stop-avahi", "--state", state], timeout: .seconds(60))
+    }
 }
