@@ -142,8 +142,10 @@ extension TransferUpdates {
     "Files over real sessions: loopback TCP, the real avahi-daemon", .serialized,
     .enabled(if: TestHost.avahiTestsEnabled, "avahi-daemon is not running (Hardware/test.sh starts one restricted to lo)"))
 struct FileTransferIntegrationTests {
-    @Test("100 MiB with the link cut in the middle resumes (not restarts) and ends with the right SHA-256", .timeLimit(.minutes(8)))
-    func resumeAfterCut() async throws {
+    @Test(
+        "100 MiB with the link cut in the middle goes on over a new link (the session's continuity: no restart, no resume needed) and ends with the right SHA-256",
+        .timeLimit(.minutes(8)))
+    func transferOutlivesACut() async throws {
         try await withSharedAvahi {
             let pair = try FilePair()
             defer { Task { await pair.close() } }
@@ -162,11 +164,10 @@ struct FileTransferIntegrationTests {
             #expect(ended == nil, "\(ended?.message ?? "")")
             #expect(cutAt != nil)
             #expect(try await transfer.result().get() == .sent)
-            let offsets = transfer.acceptedOffsets
-            #expect(offsets.count >= 2, "the link was cut: \(offsets)")
-            #expect(offsets.first == 0)
-            #expect((offsets.last ?? 0) > 0, "resumed at the receiver's offset, not restarted from 0: \(offsets)")
-            #expect(pair.proxy.accepted.withLock { $0 } >= 2, "a new link came back through the proxy")
+            // One offer, accepted at 0: the stream went on over the next link, nothing was sent
+            // again from the start and no resume was needed.
+            // (Both sides dial again: the new link may come through the proxy or around it.)
+            #expect(transfer.acceptedOffsets == [0], "\(transfer.acceptedOffsets)")
 
             var saved: String?
             for await incoming in pair.received {

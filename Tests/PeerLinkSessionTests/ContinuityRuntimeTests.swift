@@ -157,7 +157,9 @@ struct ContinuityRuntimeTests {
             // Bo's process "dies": its listener goes, nothing it writes arrives any more (no
             // GO_AWAY), and Ana's end of the link ends without one.
             bo.node.listener.close()
+            // whichever side dialled the link: nothing of Bo's reaches Ana any more
             network.cut("bo")
+            network.cut("ana")
             let cutAt = ContinuousClock.now
             if let link = ana.node.session.channel(for: bo.node.peer)?.activeLink { link.channel.close() }
             try await ana.node.log.wait("Ana sees Bo leave", within: .seconds(15)) { $0.state(of: bo.node.peer) == .notConnected }
