@@ -373,6 +373,10 @@ extension PeerSession {
         var failures: [String] = []
         // whether every endpoint answered that nothing listens there (the peer's session is gone)
         var refusedEverywhere = true
+        // A redial in the grace gives up sooner: the next one comes 2 s later anyway, and one
+        // that hangs (a device that went away mid-link may not answer pages) must not use the grace up.
+        let timeout =
+            core.withLock { $0.machine.isReconnecting(peer) } ? min(configuration.dialTimeout, Self.redialTimeout) : configuration.dialTimeout
         for endpoint in endpoints {
             guard !stopped.isFired else { return }
             var metadata = peerMetadata(peer)
@@ -382,7 +386,7 @@ extension PeerSession {
             let dialled: (any LinkChannel)?
             do {
                 dialled = try await unlessStopped {
-                    try await self.dialChannel(endpoint)
+                    try await self.dialChannel(endpoint, timeout: timeout)
                 } discard: {
                     $0.close()
                 }
@@ -412,10 +416,13 @@ extension PeerSession {
 
     /// Dials `endpoint` with the first transport that dials its kind (``PeerLinkCore/Transport/dials(_:)``;
     /// one that names no kinds is tried too, and answers `unsupported` for kinds it does not dial).
-    private func dialChannel(_ endpoint: Endpoint) async throws -> any LinkChannel {
+    /// How long a redial (a member in its reconnect grace) waits for one endpoint to answer.
+    static let redialTimeout: Duration = .seconds(8)
+
+    private func dialChannel(_ endpoint: Endpoint, timeout: Duration? = nil) async throws -> any LinkChannel {
         for transport in transports where transport.dials(endpoint) {
             do {
-                return try await transport.dial(endpoint, timeout: configuration.dialTimeout)
+                return try await transport.dial(endpoint, timeout: timeout ?? configuration.dialTimeout)
             } catch let error as PeerLinkError where error.code == .unsupported && transports.count > 1 {
                 continue
             }
