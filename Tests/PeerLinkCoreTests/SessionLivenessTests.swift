@@ -114,6 +114,8 @@ struct SessionLivenessTests {
         #expect(net.connected(0) == [1, 2], "still a member during the grace")
         net.advance(by: .seconds(8), tickEvery: .milliseconds(500))
         #expect(net.connected(0) == [1, 2])
+        // dialled at once, then every 2 s
+        #expect(net.dials.filter { $0 == [0, 1] }.count >= 4, "\(net.dials)")
         net.advance(by: .seconds(3), tickEvery: .milliseconds(500))
         #expect(net.connected(0) == [2])
         #expect(net.connected(1) == [2])

@@ -81,6 +81,8 @@ struct SessionNet {
     var failingDials: Set<[Int]> = []
     /// Of those, dials that find nothing listening (`ECONNREFUSED`: the peer's process is gone).
     var refusedDials: Set<[Int]> = []
+    /// Every dial asked for: from, to.
+    var dials: [[Int]] = []
     /// Frames from the first node to the second are dropped (a silent peer).
     var droppedFrames: Set<[Int]> = []
     private var failures: [(from: Int, to: Int)] = []
@@ -122,6 +124,7 @@ struct SessionNet {
             switch action {
             case .dial(let peer, _):
                 let other = index(of: peer)
+                dials.append([node, other])
                 if failingDials.contains([node, other]) {
                     failures.append((node, other))
                 } else {

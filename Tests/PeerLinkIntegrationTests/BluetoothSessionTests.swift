@@ -76,14 +76,17 @@ struct BluetoothSessionTests {
         }
     }
 
-    static func configuration(_ name: String) throws -> PeerSessionConfiguration {
+    static func configuration(_ name: String, reconnectGrace: Duration = SessionPolicy.default.reconnectGrace) throws
+        -> PeerSessionConfiguration
+    {
         PeerSessionConfiguration(
             identity: .generate(), displayName: try DisplayName(name), serviceType: try ServiceType("bt-lab"),
-            encryption: .required, dialTimeout: .seconds(20))
+            encryption: .required, policy: SessionPolicy(reconnectGrace: reconnectGrace), dialTimeout: .seconds(20))
     }
 
-    /// hci0 listens on RFCOMM and L2CAP; hci1 only dials.
-    static func pair() async throws -> (server: Running, client: Running) {
+    /// hci0 listens on RFCOMM and L2CAP; hci1 only dials. `reconnectGrace` as in
+    /// ``PeerLinkCore/SessionPolicy/reconnectGrace`` (zero: a lost link's peer leaves at once).
+    static func pair(reconnectGrace: Duration = SessionPolicy.default.reconnectGrace) async throws -> (server: Running, client: Running) {
         try await BluetoothLab.renewControllers()
         let hci0 = try BluetoothLab.address(0)
         let hci1 = try BluetoothLab.address(1)
@@ -91,9 +94,9 @@ struct BluetoothSessionTests {
             try BluetoothTransportListener(.rfcomm, adapter: hci0), try BluetoothTransportListener(.l2cap, adapter: hci0),
         ]
         let server = PeerSession(
-            configuration: try configuration("on-hci0"), transports: [BluetoothTransport(adapter: hci0)], listeners: listeners)
+            configuration: try configuration("on-hci0", reconnectGrace: reconnectGrace), transports: [BluetoothTransport(adapter: hci0)], listeners: listeners)
         let client = PeerSession(
-            configuration: try configuration("on-hci1"), transports: [TCPTransport(), BluetoothTransport(adapter: hci1)],
+            configuration: try configuration("on-hci1", reconnectGrace: reconnectGrace), transports: [TCPTransport(), BluetoothTransport(adapter: hci1)],
             listeners: [])
         let running = (server: Running(server), client: Running(client))
         try await running.server.started()

@@ -17,11 +17,13 @@ final class FilePair: Sendable {
     private let tasks: Mutex<[Task<Void, Never>]>
     private let connected = ConnectedSet()
 
-    init() throws {
+    /// `reconnectGrace` as in ``PeerLinkCore/SessionPolicy/reconnectGrace`` (zero: a lost
+    /// link's peer leaves at once, and a transfer goes on only by resuming).
+    init(reconnectGrace: Duration = SessionPolicy.default.reconnectGrace) throws {
         let service = try ServiceType(TestHost.uniqueServiceType("f"))
         var identities = [Identity.generate(), Identity.generate()]
         identities.sort { $0.fingerprint < $1.fingerprint }
-        let policy = SessionPolicy(automatic: true)
+        let policy = SessionPolicy(automatic: true, reconnectGrace: reconnectGrace)
         let lan = TransportChoice.modules([LANTransportModule(listenHost: "127.0.0.1")])
         sender = try PeerNode(
             configuration: PeerNodeConfiguration(
@@ -182,6 +184,37 @@ struct FileTransferIntegrationTests {
             #expect(check.sha256 == file.sha256)
             #expect(check.size == 100 << 20)
             #expect(try FileManager.default.contentsOfDirectory(atPath: pair.directory) == ["payload.bin"], "no partial files remain")
+        }
+    }
+
+    @Test("without the reconnect grace, 20 MiB with the link cut in the middle resumes (not restarts) once the pair is back, with the right SHA-256", .timeLimit(.minutes(4)))
+    func resumeAfterTheCutPeerLeft() async throws {
+        try await withSharedAvahi {
+            let pair = try FilePair(reconnectGrace: .zero)
+            defer { Task { await pair.close() } }
+            let file = try await OutgoingFile.prepare(path: try FilePair.makeFile(mebibytes: 20))
+            try await pair.waitConnected()
+            let transfer = pair.sender.session.sendFile(file, to: pair.receiverPeer)
+            var cutAt: UInt64?
+            let ended = await transfer.updates.drain { progress in
+                if cutAt == nil, progress.bytesDone >= 6 << 20 {
+                    cutAt = progress.bytesDone
+                    pair.proxy.cut()
+                }
+            }
+            #expect(ended == nil, "\(ended?.message ?? "")")
+            #expect(try await transfer.result().get() == .sent)
+            let offsets = transfer.acceptedOffsets
+            #expect(offsets.count >= 2 && offsets.first == 0 && (offsets.last ?? 0) > 0, "resumed, not restarted: \(offsets)")
+            var saved: String?
+            for await incoming in pair.received {
+                if case .success(.received(let path)) = await incoming.result() {
+                    saved = path
+                    break
+                }
+            }
+            let check = try await OutgoingFile.prepare(path: try #require(saved))
+            #expect(check.sha256 == file.sha256)
         }
     }
 
