@@ -166,7 +166,7 @@ let package = Package(
 
         .testTarget(
             name: "PeerLinkCoreTests",
-            dependencies: ["PeerLinkCore"],
+            dependencies: ["PeerLinkCore", .product(name: "Crypto", package: "swift-crypto")],
             exclude: ["Vectors"],
             swiftSettings: strict
         ),

@@ -96,7 +96,11 @@ public final class BluetoothConnection: Sendable {
         _ kind: BluetoothSocketKind, to address: BluetoothAddress, port: UInt16,
         from adapter: BluetoothAddress = .any, incomingMTU: UInt16? = nil, timeout: Duration
     ) async throws -> BluetoothConnection {
-        try await runBlockingCancellable("peerlink-bt-connect") { flag throws -> BluetoothConnection in
+        // The kernel can keep a Bluetooth connect (or the close of one) waiting with no
+        // timeout of its own when the controller lost the device mid-link: past the timeout
+        // (and a little for the close), the caller goes on and the thread cleans up when it returns.
+        try await runBlockingAbandonable("peerlink-bt-connect", limit: timeout + .seconds(2), discard: { $0.close() }) {
+            flag throws -> BluetoothConnection in
             let fd = try BTSocket.open(kind)
             do {
                 if adapter != .any {

@@ -17,6 +17,9 @@ package struct FIFO<Element: Sendable>: Sendable {
     /// The oldest item, without taking it.
     package var first: Element? { head < storage.count ? storage[head] : nil }
 
+    /// The element `offset` places after the first (0: the first).
+    package subscript(offset offset: Int) -> Element { storage[head + offset]! }
+
     package mutating func removeFirst() -> Element? {
         guard head < storage.count else { return nil }
         let element = storage[head]

@@ -82,8 +82,6 @@ public final class PeerChannel: Sendable {
         /// The links attached (carrying the pair), and the one that writes.
         var links: [ObjectIdentifier: Link] = [:]
         var active: Link?
-        /// Kept frames numbered after this are written again on `active` before new ones.
-        var resendAfter: UInt64 = 0
         /// The highest sequence number written on each attached link (for draining a link
         /// before it closes).
         var lastWritten: [ObjectIdentifier: UInt64] = [:]
@@ -133,7 +131,6 @@ public final class PeerChannel: Sendable {
                 return
             }
             state.active = link
-            state.resendAfter = state.continuity.acknowledged
             state.continuity.linkStarted()
             let kept = state.continuity.retainedCount
             if kept > 0 {
@@ -192,41 +189,24 @@ public final class PeerChannel: Sendable {
     /// unacknowledged-bytes limit, since no acknowledgement will come on it.
     func take(for link: Link, limit: Int, at now: Duration, final: Bool = false) -> [(frame: Frame, sequence: UInt64?)] {
         state.withLock { state -> [(frame: Frame, sequence: UInt64?)] in
-            var taken: [(frame: Frame, sequence: UInt64?)] = []
-            guard state.closure == nil, state.links[ObjectIdentifier(link)] != nil else { return taken }
+            guard state.closure == nil, state.links[ObjectIdentifier(link)] != nil else { return [] }
             let isActive = state.active === link
-            // ACK on the active link (or on any while none writes).
-            if isActive || state.active == nil, let through = state.continuity.acknowledgment(at: now) {
-                taken.append((.ack(receivedThrough: through), nil))
-            }
-            guard isActive else { return taken }
-            var size = 0
-            if state.resendAfter < state.continuity.nextSequence - 1 {
-                for kept in state.continuity.retained(after: state.resendAfter) {
-                    guard size < limit else { break }
-                    taken.append((kept.frame, kept.sequence))
-                    size += kept.size
-                    state.resendAfter = kept.sequence
-                }
-                if state.resendAfter < state.continuity.nextSequence - 1 {
-                    noteWritten(link, in: &state)
-                    return taken
+            var taken: [(frame: Frame, sequence: UInt64?)] = []
+            if isActive {
+                let dataBefore = state.scheduler.queuedDataBytes
+                let priorityBefore = state.scheduler.queuedPriorityBytes
+                taken = state.continuity.nextFrames(from: &state.scheduler, limit: limit, final: final).map { ($0.frame, $0.sequence) }
+                noteWritten(link, in: &state)
+                if state.scheduler.queuedDataBytes < dataBefore { wakeStreamWaiters(&state, stream: nil) }
+                if state.scheduler.queuedPriorityBytes < priorityBefore, state.scheduler.queuedPriorityBytes <= maxQueuedBytes {
+                    let waiters = state.roomWaiters.removeAll()
+                    if !waiters.isEmpty { state.outbox.add { for waiter in waiters { waiter.resume() } } }
                 }
             }
-            let dataBefore = state.scheduler.queuedDataBytes
-            let priorityBefore = state.scheduler.queuedPriorityBytes
-            while size < limit, final || state.continuity.canSend, let frame = state.scheduler.next() {
-                let frameSize = FrameScheduler.size(of: frame)
-                let sequence = state.continuity.stamp(frame, size: frameSize)
-                state.resendAfter = sequence
-                taken.append((frame, sequence))
-                size += frameSize
-            }
-            noteWritten(link, in: &state)
-            if state.scheduler.queuedDataBytes < dataBefore { wakeStreamWaiters(&state, stream: nil) }
-            if state.scheduler.queuedPriorityBytes < priorityBefore, state.scheduler.queuedPriorityBytes <= maxQueuedBytes {
-                let waiters = state.roomWaiters.removeAll()
-                if !waiters.isEmpty { state.outbox.add { for waiter in waiters { waiter.resume() } } }
+            // ACK on the active link (or on any while none writes), first; one owed soon goes
+            // with frames written now rather than in a record of its own.
+            if isActive || state.active == nil, let through = state.continuity.acknowledgment(at: now, piggyback: !taken.isEmpty) {
+                taken.insert((.ack(receivedThrough: through), nil), at: 0)
             }
             return taken
         }
@@ -249,7 +229,7 @@ public final class PeerChannel: Sendable {
                 return true
             }
             guard isActive else { return false }
-            return state.resendAfter < state.continuity.nextSequence - 1 || (!state.scheduler.isEmpty && state.continuity.canSend)
+            return state.continuity.hasFramesToResend || (!state.scheduler.isEmpty && state.continuity.canSend)
         }
     }
 

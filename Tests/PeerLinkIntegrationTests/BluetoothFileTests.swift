@@ -111,8 +111,8 @@ struct BluetoothFileTests {
         var adapterDown = false
         do {
             let endpoint = try Self.endpoint(server, kind)
-            let peer = try await Self.connect(client, server, endpoint)
             let file = try await OutgoingFile.prepare(path: try FilePair.makeFile(mebibytes: 4))
+            let peer = try await Self.connect(client, server, endpoint)
             let transfer = client.session.sendFile(file, to: peer, using: FileSender(resumeWindow: .seconds(90)))
             let (cut, cutSink) = AsyncStream.makeStream(of: UInt64.self)
             let progress = Task {

@@ -74,6 +74,9 @@ public struct Continuity: Sendable {
     private var kept = FIFO<Retained>()
     /// Bytes of the frames kept.
     public private(set) var retainedBytes = 0
+    /// Kept frames numbered after this are written again (on the link now carrying the pair)
+    /// before new ones.
+    public private(set) var resendAfter: UInt64 = 0
 
     // Receiving.
     /// Every frame up to this number arrived, in order.
@@ -107,7 +110,38 @@ public struct Continuity: Sendable {
         nextSequence += 1
         kept.append(Retained(sequence: sequence, frame: frame, size: size))
         retainedBytes += size
+        resendAfter = sequence
         return sequence
+    }
+
+    /// Whether kept frames wait to be written again on the link now carrying the pair.
+    public var hasFramesToResend: Bool { resendAfter < nextSequence - 1 }
+
+    /// What the link carrying the pair writes next, about `limit` bytes at most: kept frames
+    /// again (after a link change), then new frames from `scheduler`, numbered, while the
+    /// unacknowledged-bytes limit allows (`final`: the link is closing and no acknowledgement
+    /// will come on it: everything queued goes).
+    public mutating func nextFrames(from scheduler: inout FrameScheduler, limit: Int, final: Bool = false) -> [Retained] {
+        var taken: [Retained] = []
+        var size = 0
+        if hasFramesToResend, let first = kept.first?.sequence {
+            // kept holds every number from `first` on, in order
+            var next = max(resendAfter + 1, first)
+            while next < nextSequence, size < limit {
+                let item = kept[offset: Int(next - first)]
+                taken.append(item)
+                size += item.size
+                resendAfter = next
+                next += 1
+            }
+            if hasFramesToResend { return taken }
+        }
+        while size < limit, final || canSend, let frame = scheduler.next() {
+            let frameSize = FrameScheduler.size(of: frame)
+            taken.append(Retained(sequence: stamp(frame, size: frameSize), frame: frame, size: frameSize))
+            size += frameSize
+        }
+        return taken
     }
 
     /// The peer acknowledged every frame up to `through`: they are no longer kept.
@@ -120,6 +154,7 @@ public struct Continuity: Sendable {
         guard through < nextSequence else { return false }
         guard through > acknowledged else { return true }
         acknowledged = through
+        resendAfter = max(resendAfter, through)
         while let first = kept.first, first.sequence <= through {
             _ = kept.removeFirst()
             retainedBytes -= first.size
@@ -151,16 +186,22 @@ public struct Continuity: Sendable {
         return .accepted
     }
 
-    /// A link starts carrying the pair: the peer learns what arrived at once, so it writes
-    /// again only what is missing.
+    /// A link starts carrying the pair: every kept frame is written on it again (from what the
+    /// peer acknowledged), and the peer learns at once what arrived, so it writes again only
+    /// what is missing.
     public mutating func linkStarted() {
         acknowledgeNow = true
+        resendAfter = acknowledged
     }
 
     /// The `ACK` to send at `now`, if one is due: its number (what arrived in order). Taking it
-    /// counts it as sent.
-    public mutating func acknowledgment(at now: Duration) -> UInt64? {
-        let due = acknowledgeNow || (acknowledgmentDeadline.map { now >= $0 } ?? false)
+    /// counts it as sent. `piggyback`: other frames go out in the same record now, so an
+    /// `ACK` owed later (``acknowledgmentDeadline``) goes with them instead of in a record of
+    /// its own.
+    public mutating func acknowledgment(at now: Duration, piggyback: Bool = false) -> UInt64? {
+        let due =
+            acknowledgeNow || (acknowledgmentDeadline.map { now >= $0 } ?? false)
+            || (piggyback && received > lastAcknowledgmentSent)
         guard due else { return nil }
         acknowledgeNow = false
         acknowledgmentDeadline = nil
