@@ -63,6 +63,67 @@ struct LargeFileTests {
         print("1 GiB test: file made and hashed in \(prepared - began), all done in \(clock.now - began)")
     }
 
+    @Test(
+        "a 1 GiB file whose link changes transport twice on the way (in-memory → TCP by upgrade, TCP → in-memory by failover) arrives verified, never started again",
+        .timeLimit(.minutes(10)))
+    func gibibyteAcrossTwoTransportChanges() async throws {
+        let source = TestHost.temporaryDirectory("peerlink-gib-moving-source")
+        let destination = TestHost.temporaryDirectory("peerlink-gib-moving-received")
+        defer {
+            try? FileManager.default.removeItem(atPath: source)
+            try? FileManager.default.removeItem(atPath: destination)
+        }
+        let file = try await OutgoingFile.prepare(path: try FilePair.makeFile(mebibytes: Self.mebibytes, in: source))
+        let pair = try MovingPair(directory: destination)
+        do {
+            try await pair.waitUntil(on: "memory")
+            let transfer = pair.sender.sendFile(file, to: pair.receiver.localPeer)
+            var iterator = pair.received.makeAsyncIterator()
+            let incoming = try #require(await iterator.next())
+            // The receiver's progress drives the changes: a third in, TCP is found (upgrade);
+            // two thirds in, TCP goes away (failover).
+            let (marks, marksSink) = AsyncStream.makeStream(of: Int.self)
+            let receiving = Task {
+                var reached = 0
+                let ended = await incoming.updates.drain { progress in
+                    while reached < 2, progress.bytesDone >= file.size * UInt64(reached + 1) / 3 {
+                        reached += 1
+                        marksSink.yield(reached)
+                    }
+                }
+                marksSink.finish()
+                return ended
+            }
+            var steps = marks.makeAsyncIterator()
+            #expect(await steps.next() == 1, "the transfer ended before a third had arrived")
+            pair.offerTCP()
+            try await pair.waitUntil(on: "tcp")
+            #expect(await steps.next() == 2, "the transfer ended before two thirds had arrived")
+            pair.takeTCPAway()
+            try await pair.waitUntil(on: "memory")
+
+            let sending = await transfer.updates.drain()
+            #expect(sending == nil, "\(sending?.message ?? "")")
+            let ended = await receiving.value
+            #expect(ended == nil, "\(ended?.message ?? "")")
+            #expect(try await transfer.result().get() == .sent)
+            #expect(transfer.acceptedOffsets == [0], "one offer, at 0: never started again (\(transfer.acceptedOffsets))")
+            // the receiver checked the SHA-256 before it saved the file
+            guard case .received(let path) = try await incoming.result().get() else {
+                Issue.record("the receiver did not save the file")
+                await pair.close()
+                return
+            }
+            #expect(PosixFile.length(of: path) == file.size)
+            #expect(pair.transportChanges == ["tcp", "memory"], "\(pair.transportChanges)")
+            #expect(!pair.receiverLeft, "the receiver never left the session")
+        } catch {
+            await pair.close()
+            throw error
+        }
+        await pair.close()
+    }
+
     private func run(_ pair: DirectPair, file: OutgoingFile, destination: String) async throws {
         let (sender, receiver) = (pair.sender, pair.receiver)
         let receiverPeer = receiver.localPeer
