@@ -115,6 +115,7 @@ struct BluetoothFileTests {
             let peer = try await Self.connect(client, server, endpoint)
             let transfer = client.session.sendFile(file, to: peer, using: FileSender(resumeWindow: .seconds(90)))
             let (cut, cutSink) = AsyncStream.makeStream(of: UInt64.self)
+            let finished = Shared(false)
             let progress = Task {
                 var signalled = false
                 let ended = await transfer.updates.drain { progress in
@@ -124,6 +125,7 @@ struct BluetoothFileTests {
                     }
                 }
                 cutSink.finish()
+                finished.update { $0 = true }
                 return ended
             }
             var cuts = cut.makeAsyncIterator()
@@ -140,6 +142,17 @@ struct BluetoothFileTests {
             try await BluetoothLab.forgetDeadLinks(1)
             try await BluetoothLab.waitUntilNoLinks()
             _ = try await Self.reconnect(client, server, endpoint)
+            // The emulator may cut a link between controllers that met before seconds after it
+            // opens (see BluetoothLab.renewControllers): the sender then waits for the peer again,
+            // as a user's would, and is connected again until the transfer is done (bounded).
+            let deadline = ContinuousClock.now + .seconds(100)
+            while !finished.value, ContinuousClock.now < deadline {
+                if await client.session.info(for: peer) == nil {
+                    try await BluetoothLab.waitUntilNoLinks()
+                    _ = try await Self.reconnect(client, server, endpoint)
+                }
+                try await Task.sleep(for: .milliseconds(500))
+            }
 
             let ended = await progress.value
             #expect(ended == nil, "\(ended?.message ?? "")")
