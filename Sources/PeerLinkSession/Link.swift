@@ -205,7 +205,7 @@ public final class Link: Sendable {
             guard let channel = peerChannel else {
                 throw PeerLinkError(.invalidParameter, "\(frame.type) frames belong to a peer's channel: attach one to the link first")
             }
-            channel.enqueue(frame)
+            channel.enqueue([frame])
             channel.deliverPending()
             try await channel.waitUntilWritable()
             return
@@ -785,6 +785,14 @@ public final class Link: Sendable {
         }
     }
 
+    /// The channel has new frames for this link to write: the writer looks (the ticker need
+    /// not: the writer tells it when a write starts).
+    func wakeWriterFromChannel() {
+        state.withLockThenDeliver { state in
+            wakeWriter(&state)
+        }
+    }
+
     /// Hands input to the channel (under the lock), or keeps it until one is attached.
     private func route(_ input: ChannelInput, in state: inout State) -> [LogEntry] {
         guard let channel = state.channel else {
@@ -814,7 +822,7 @@ public final class Link: Sendable {
             }
             return []
         case .sequenced(let frame, let sequence):
-            switch channel.receive(frame, sequence: sequence, at: clock.now()) {
+            switch channel.receive(frame, sequence: sequence, on: self, at: clock.now()) {
             case .deliver(let frame):
                 state.outbox.add { self.eventSink.yield(.frame(frame)) }
             case .handled, .dropped:

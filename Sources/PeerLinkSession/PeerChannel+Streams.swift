@@ -47,7 +47,7 @@ extension PeerChannel {
             return error
         }
         for frame in outcome.frames { state.scheduler.enqueue(frame) }
-        if !outcome.frames.isEmpty, let active = state.active { state.outbox.add { active.wakeFromChannel() } }
+        if !outcome.frames.isEmpty, let active = state.active { state.outbox.add { active.wakeWriterFromChannel() } }
         for event in outcome.events {
             switch event {
             case .opened(let id, let name):
@@ -100,7 +100,7 @@ extension PeerChannel {
     /// Wakes the active link's writer (once the lock is released): frames are waiting.
     func wakeWriter(_ state: inout State) {
         guard let active = state.active else { return }
-        state.outbox.add { active.wakeFromChannel() }
+        state.outbox.add { active.wakeWriterFromChannel() }
     }
 
     /// Resumes the tasks waiting on `stream` (and those waiting on any stream); with `all`,

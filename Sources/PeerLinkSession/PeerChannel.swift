@@ -255,14 +255,18 @@ public final class PeerChannel: Sendable {
     }
 
     /// A sequenced frame arrived on one of the channel's links.
-    func receive(_ frame: Frame, sequence: UInt64, at now: Duration) -> Receipt {
+    /// `link` is the link it arrived on: that link looks at its writer and ticker after each
+    /// record anyway, so only another (the active one) is woken for an `ACK` now owed.
+    func receive(_ frame: Frame, sequence: UInt64, on link: Link, at now: Duration) -> Receipt {
         state.withLock { state -> Receipt in
             guard state.closure == nil else { return .dropped }
             let hadDeadline = state.continuity.acknowledgmentDeadline != nil
             let wasPending = state.continuity.acknowledgmentPending
             let arrival = state.continuity.receive(sequence, size: FrameScheduler.size(of: frame), at: now)
-            if (state.continuity.acknowledgmentPending && !wasPending) || (!hadDeadline && state.continuity.acknowledgmentDeadline != nil) {
-                wakeActiveForAcknowledgment(&state)
+            if (state.continuity.acknowledgmentPending && !wasPending) || (!hadDeadline && state.continuity.acknowledgmentDeadline != nil),
+                let active = state.active, active !== link
+            {
+                state.outbox.add { active.wakeFromChannel() }
             }
             guard arrival == .accepted else { return .dropped }
             switch frame {
@@ -285,18 +289,12 @@ public final class PeerChannel: Sendable {
                 state.outbox.add { entry.waiter.resume() }
             }
             // the unacknowledged-bytes limit may have held frames back
-            if let active = state.active, !state.scheduler.isEmpty { state.outbox.add { active.wakeFromChannel() } }
+            if let active = state.active, !state.scheduler.isEmpty { state.outbox.add { active.wakeWriterFromChannel() } }
             return true
         }
     }
 
     /// An ACK became due or its deadline moved: the active link's writer or ticker looks.
-    private func wakeActiveForAcknowledgment(_ state: inout State) {
-        let target = state.active ?? state.links.values.first
-        guard let target else { return }
-        state.outbox.add { target.wakeFromChannel() }
-    }
-
     /// Carries out what link calls queued (resumes, wake-ups), with no lock held.
     package func deliverPending() {
         state.deliverPending()
@@ -306,16 +304,21 @@ public final class PeerChannel: Sendable {
 
     /// Queues a sequenced frame the session took for the peer (a message chunk): written on
     /// the active link, now or once there is one. Leaves the wake-up for ``deliverPending()``.
-    func enqueue(_ frame: Frame) {
+    func enqueue(_ frames: [Frame]) {
         state.withLock { state in
             guard state.closure == nil else { return }
-            state.scheduler.enqueue(frame)
-            if let active = state.active { state.outbox.add { active.wakeFromChannel() } }
+            for frame in frames { state.scheduler.enqueue(frame) }
+            if let active = state.active { state.outbox.add { active.wakeWriterFromChannel() } }
         }
     }
 
     /// Waits while more than ``maxQueuedBytes`` of messages wait to be written.
     func waitUntilWritable() async throws {
+        // the usual case, on every message: room already
+        let room = state.withLock { state -> Bool in
+            state.closure == nil && state.scheduler.queuedPriorityBytes <= maxQueuedBytes
+        }
+        if room { return }
         let id = state.withLock { $0.roomWaiters.makeID() }
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in

@@ -122,7 +122,7 @@ extension PeerSession {
             let channel = entry.established.flatMap { core.channels[$0.remote.fingerprint] }
             while let frame = core.machine.nextFrame(for: id) {
                 if frame.type.isSequenced {
-                    channel?.enqueue(frame)
+                    channel?.enqueue([frame])
                     continue
                 }
                 do throws(PeerLinkError) {
@@ -175,12 +175,12 @@ extension PeerSession {
     /// closes the links it closed once the lock is released.
     @discardableResult
     func apply<R: Sendable, E: Error>(
-        _ input: (inout SessionCore, Duration) throws(E) -> ([SessionAction], R)
+        linksMayChange: Bool = true, _ input: (inout SessionCore, Duration) throws(E) -> ([SessionAction], R)
     ) throws(E) -> R {
         let now = time.now()
         let (effects, result) = try core.withLockThenDeliver { core throws(E) -> ([Effect], R) in
             let (actions, result) = try input(&core, now)
-            return (carryOut(actions, in: &core), result)
+            return (carryOut(actions, in: &core, linksMayChange: linksMayChange), result)
         }
         perform(effects)
         return result
@@ -189,7 +189,9 @@ extension PeerSession {
     /// Carries out actions under the lock: dials handed to the task group, writers woken and
     /// events yielded through the outbox (in order, once the lock is released); closes are
     /// returned for later.
-    func carryOut(_ actions: [SessionAction], in core: inout SessionCore) -> [Effect] {
+    /// `linksMayChange`: false where the input cannot change which link carries a peer (a
+    /// message sent), so the channels need no look.
+    func carryOut(_ actions: [SessionAction], in core: inout SessionCore, linksMayChange: Bool = true) -> [Effect] {
         var effects: [Effect] = []
         for action in actions {
             switch action {
@@ -229,7 +231,7 @@ extension PeerSession {
                 emit(event, in: &core)
             }
         }
-        syncChannels(&core)
+        if linksMayChange { syncChannels(&core) }
         core.wakeTimerIfNeeded()
         return effects
     }
@@ -264,6 +266,9 @@ extension PeerSession {
         guard core.phase == .running else { return }
         for (fingerprint, channel) in core.channels {
             let peer = channel.peer
+            let target = core.machine.sendLink(to: peer).flatMap { core.links[$0]?.link }
+            // the usual case, on every message: the channel writes on the link it should
+            if let target, channel.activeLink === target { continue }
             let links = core.machine.links(to: peer)
             if links.isEmpty, !core.machine.isReconnecting(peer), core.machine.state(of: peer) == .notConnected {
                 core.channels[fingerprint] = nil
@@ -271,7 +276,6 @@ extension PeerSession {
                 core.outbox.add { channel.deliverPending() }
                 continue
             }
-            let target = core.machine.sendLink(to: peer).flatMap { core.links[$0]?.link }
             if channel.activeLink !== target {
                 channel.activate(target)
                 core.outbox.add { channel.deliverPending() }
@@ -701,7 +705,27 @@ extension PeerSession {
                         guard let peer = core.links[id]?.established?.remote, let channel = core.channels[peer.fingerprint] else {
                             return .failure(PeerLinkError(.notConnected, "the link has no channel"))
                         }
-                        channel.enqueue(frame)
+                        // Up to 64 KiB of chunks in one go (one lock of the channel, one
+                        // wake-up of its link); a frame of the link's own met on the way goes
+                        // to the link, as it would one at a time (the link writes its own
+                        // frames ahead of the channel's anyway).
+                        var frames = [frame]
+                        var size = FrameScheduler.size(of: frame)
+                        while size < Self.takeLimit, let next = core.machine.nextFrame(for: id) {
+                            if next.type.isSequenced {
+                                frames.append(next)
+                                size += FrameScheduler.size(of: next)
+                                continue
+                            }
+                            size += FrameScheduler.size(of: next)
+                            do throws(PeerLinkError) {
+                                try link.enqueueLeavingDelivery(next)
+                            } catch {
+                                channel.enqueue(frames)
+                                return .failure(error)
+                            }
+                        }
+                        channel.enqueue(frames)
                         return .success(channel)
                     }
                     do throws(PeerLinkError) {
@@ -728,6 +752,9 @@ extension PeerSession {
             }
         }
     }
+
+    /// How many bytes of message chunks the write loop hands a channel at once.
+    static let takeLimit = 64 * 1024
 
     /// Waits for a `framesReady` on `id`; false once the link is over.
     private func framesAnnounced(_ id: LinkID) async -> Bool {

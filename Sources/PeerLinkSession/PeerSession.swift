@@ -343,7 +343,7 @@ public final class PeerSession: Sendable {
     /// - Throws: a ``PeerLinkCore/PeerLinkError``: `notConnected` when any target is not connected
     ///   (then nothing is sent to anyone), `invalidParameter` (no peers, itself, too large).
     public func send(_ data: [UInt8], to peers: [PeerID], reliable: Bool = true) async throws {
-        try apply { core, _ throws(PeerLinkError) -> ([SessionAction], Void) in
+        try apply(linksMayChange: false) { core, _ throws(PeerLinkError) -> ([SessionAction], Void) in
             (try core.machine.send(data, to: peers, reliable: reliable), ())
         }
     }

@@ -34,7 +34,7 @@ public struct Continuity: Sendable {
         public var maxRetainedBytes: Int
 
         public init(
-            ackEveryFrames: Int = 32, ackEveryBytes: Int = 64 * 1024, ackDelay: Duration = .milliseconds(20),
+            ackEveryFrames: Int = 64, ackEveryBytes: Int = 256 * 1024, ackDelay: Duration = .milliseconds(20),
             maxRetainedBytes: Int = 4 * 1024 * 1024
         ) {
             self.ackEveryFrames = max(1, ackEveryFrames)

@@ -321,12 +321,19 @@ extension SessionStateMachine {
         return rankedEndpoints(record).filter { policy.rank(of: $0.transport) > rank }
     }
 
+    /// Whether the peer is known at an endpoint ranked above its current link's (what
+    /// ``betterEndpoints(_:)`` tells, without building the list: it is asked on every send).
+    func hasBetterEndpoint(_ record: PeerRecord) -> Bool {
+        guard let rank = currentRank(record) else { return false }
+        return record.endpoints.contains { policy.rank(of: $0.transport) > rank }
+    }
+
     /// A member found on a better ranked transport than its link's: the upgrade is due at once
     /// on the side with the smaller fingerprint, after ``SessionPolicy/automaticFallback`` on
     /// the other (in case the first cannot dial it).
     mutating func noteUpgrade(_ fingerprint: Fingerprint) {
         guard var record = peers[fingerprint] else { return }
-        if record.isMember, !betterEndpoints(record).isEmpty {
+        if record.isMember, hasBetterEndpoint(record) {
             if record.upgradeSeenAt == nil { record.upgradeSeenAt = now }
         } else {
             record.upgradeSeenAt = nil
@@ -335,7 +342,7 @@ extension SessionStateMachine {
     }
 
     func upgradeDeadline(_ record: PeerRecord) -> Duration? {
-        guard let seen = record.upgradeSeenAt, record.isMember, !record.links.isEmpty, !betterEndpoints(record).isEmpty
+        guard let seen = record.upgradeSeenAt, record.isMember, !record.links.isEmpty, hasBetterEndpoint(record)
         else { return nil }
         let wait = localPeer.fingerprint < record.id.fingerprint ? Duration.zero : policy.automaticFallback
         return max(seen + wait, record.redialAt ?? .zero)
@@ -666,7 +673,7 @@ extension SessionStateMachine {
             record.announcedLink = chosen
             // A member on a link ranked below an endpoint it is known at (after a failover, or
             // an upgrade dial that failed) is dialled there again: an upgrade is due once more.
-            if record.upgradeSeenAt == nil, !record.dialing, !betterEndpoints(record).isEmpty { record.upgradeSeenAt = now }
+            if record.upgradeSeenAt == nil, !record.dialing, hasBetterEndpoint(record) { record.upgradeSeenAt = now }
         }
         guard let link = chosen else {
             peers[fingerprint] = record
