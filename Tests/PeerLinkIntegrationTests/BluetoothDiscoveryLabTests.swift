@@ -270,10 +270,14 @@ struct BluetoothDiscoveryLabTests {
         _ = try await runSpawned("/bin/sh", ["-c", script], timeout: .seconds(20))
     }
 
+    /// With `adapterDown`, TCP comes back as alice's adapter goes down (the Bluetooth link dies
+    /// under the pair while TCP reaches it); without, TCP just comes back (an upgrade). Each
+    /// case on controllers that never paired (the emulator cuts a second pairing's links).
     @Test(
-        "auto: a pair on TCP moves to Bluetooth when TCP stops working (nothing lost, nobody leaves), and back to TCP when it works again",
-        .timeLimit(.minutes(5)))
-    func failoverToBluetoothAndUpgradeBack() async throws {
+        "auto: a pair on TCP moves to Bluetooth when TCP stops working (nothing lost, nobody leaves), and back to TCP when it works again, or when the adapter goes down",
+        .timeLimit(.minutes(5)), arguments: [false, true])
+    func failoverToBluetoothAndUpgradeBack(adapterDown: Bool) async throws {
+        try await BluetoothLab.renewControllers()
         let script = try #require(TestHost.repositoryRoot.map { $0 + "/Hardware/daemons.sh" })
         let state = TestHost.temporaryDirectory("peerlink-lab-avahi")
         let started = try await runSpawned("/bin/bash", [script, "start-avahi", "--state", state], timeout: .seconds(60))
@@ -282,6 +286,7 @@ struct BluetoothDiscoveryLabTests {
             ["chat", "--name", "alice", "--transport", "auto", "--adapter", DiscoveryLab.advertiserAdapter], withInput: true)
         let b = try ChildProcess.peerlink(
             ["chat", "--name", "bob", "--transport", "auto", "--adapter", DiscoveryLab.scannerAdapter], withInput: true)
+        var poweredOff: Int?
         do {
             var listening: [String] = []
             for chat in [a, b] { listening.append(try await chat.waitForStderrLine(containing: "Listening on tcp://", timeout: .seconds(60))) }
@@ -314,16 +319,33 @@ struct BluetoothDiscoveryLabTests {
             #expect(moved.contains("l2cap") || moved.contains("rfcomm"), "\(moved)")
             _ = try await a.waitForLine(containing: "bob: typed while TCP was down", timeout: .seconds(30))
 
-            // TCP works again: the pair moves back to it (make-before-break), and goes on.
-            try await Self.restoreTCP()
-            _ = try await a.waitForLine(containing: "* bob now on tcp", timeout: .seconds(40))
-            b.type("back on the LAN\n")
-            _ = try await a.waitForLine(containing: "bob: back on the LAN", timeout: .seconds(30))
+            if adapterDown {
+                // TCP works again as alice's adapter goes down: the pair is on TCP within
+                // seconds, the line typed as it went down arrives once.
+                let before = a.stdoutLines.count
+                try await Self.restoreTCP()
+                let index = Int(DiscoveryLab.advertiserAdapter.dropFirst(3)) ?? 0
+                try await BluetoothLab.power(index, on: false)
+                poweredOff = index
+                b.type("back on the LAN\n")
+                _ = try await a.waitForLine(containing: "* bob now on tcp", after: before, timeout: .seconds(40))
+                _ = try await a.waitForLine(containing: "bob: back on the LAN", timeout: .seconds(30))
+                try await BluetoothLab.power(index, on: true)
+                poweredOff = nil
+            } else {
+                // TCP works again: the pair moves back to it (make-before-break), and goes on.
+                try await Self.restoreTCP()
+                _ = try await a.waitForLine(containing: "* bob now on tcp", timeout: .seconds(40))
+                b.type("back on the LAN\n")
+                _ = try await a.waitForLine(containing: "bob: back on the LAN", timeout: .seconds(30))
+            }
+            #expect(a.stdoutLines.filter { $0.contains("bob: back on the LAN") }.count == 1)
             #expect(!b.stdout.contains("* alice left") && !a.stdout.contains("* bob left"), "nobody left:\n\(a.stdout)\n\(b.stdout)")
             let typed = a.stdoutLines.filter { $0.contains("typed while TCP was down") }
             #expect(typed.count == 1, "once: \(typed)")
         } catch {
-            Issue.record("alice's stderr:\n\(a.stderr)\nbob's stderr:\n\(b.stderr)")
+            Issue.record("alice's stdout:\n\(a.stdout)\nalice's stderr:\n\(a.stderr)\nbob's stderr:\n\(b.stderr)")
+            if let poweredOff { try? await BluetoothLab.power(poweredOff, on: true) }
             try? await Self.restoreTCP()
             a.terminate()
             b.terminate()
