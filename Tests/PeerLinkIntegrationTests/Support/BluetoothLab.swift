@@ -85,6 +85,19 @@ enum BluetoothLab {
         guard result.status == 0 else { throw HarnessError("renewing the lab's controllers failed: \(result.stdout)\(result.stderr)") }
     }
 
+    /// Waits (at most `timeout`) until adapter `index` is up again after ``power(_:on:)``
+    /// (bluetoothd answers `Powered` before the controller is up), and a second more for it to
+    /// take pages: a connect sent to it before then fails, and in the lab's kernel an RFCOMM
+    /// connect sent right after such a failure can hang there for good.
+    static func waitUntilUp(_ index: Int, timeout: Duration = .seconds(20)) async throws {
+        let deadline = ContinuousClock.now + timeout
+        while !((try? BluetoothAdapter.all())?.contains { $0.index == index && $0.isUp } ?? false) {
+            guard ContinuousClock.now < deadline else { throw HarnessError("hci\(index) was not up within \(timeout)") }
+            try await Task.sleep(for: .milliseconds(200))
+        }
+        try await Task.sleep(for: .seconds(1))
+    }
+
     /// Waits (at most `timeout`) until neither lab adapter has an ACL link (`hcitool con`): the
     /// kernel drops an idle ACL link about 2 s after its last channel, and a test that starts
     /// while the previous one's link is going down can see its own new link cut with it.
