@@ -7,7 +7,7 @@
 #        2. Hardware/daemons.sh start (system dbus + lo-only avahi); on exit, `daemons.sh stop`
 #           stops only what this run started (and restarts an avahi a test left stopped)
 #        3. swift build --build-tests, then swift test --skip-build [arguments...] (without
-#           arguments: every suite but the avahi-daemon restarts, which run alone after), then a
+#           arguments: every suite but the avahi-daemon restarts and the 1 GiB transfers, which run alone after), then a
 #           few-second smoke run of the benchmark (peerlink-bench --smoke; loopback only)
 #        4. the Bluetooth VM lab: Hardware/bluetooth-lab.sh --skip-build runs the Bluetooth suites
 #           in a QEMU VM with two virtual controllers (only when no arguments were given; it
@@ -123,11 +123,13 @@ fi
 build_cmd=(swift build --build-tests "${scratch[@]}")
 test_cmd=(swift test --skip-build "${scratch[@]}" "$@")
 # The tests that restart avahi-daemon (DaemonRestartTests) run on their own after the rest: the
-# other suites' chats and scans would meet the daemon while it is down.
+# other suites' chats and scans would meet the daemon while it is down. So do the 1 GiB transfers
+# (LargeFileTests): beside the other suites, their load made timed expectations elsewhere late.
 alone=()
+alone_suites=(DaemonRestartTests LargeFileTests)
 if [ $# = 0 ]; then
-    test_cmd+=(--skip DaemonRestartTests)
-    alone=(swift test --skip-build "${scratch[@]}" --filter DaemonRestartTests)
+    for suite in "${alone_suites[@]}"; do test_cmd+=(--skip "$suite"); done
+    alone=(swift test --skip-build "${scratch[@]}" --filter)
 fi
 
 if [ "${CI:-}" = true ]; then
@@ -140,7 +142,7 @@ if [ "${CI:-}" = true ]; then
     bash "$PEERLINK_DAEMONS_SCRIPT" status | sed 's/^/daemons:  /' || true
     echo "build:    ${build_cmd[*]}"
     echo "test:     ${test_cmd[*]}"
-    [ ${#alone[@]} -gt 0 ] && echo "then:     ${alone[*]}"
+    [ ${#alone[@]} -gt 0 ] && for suite in "${alone_suites[@]}"; do echo "then:     ${alone[*]} $suite"; done
     echo "====================================================="
 fi
 
@@ -152,7 +154,9 @@ else
     "${build_cmd[@]}" || { test_rc=$?; say "build failed (exit $test_rc)"; exit "$test_rc"; }
     "${test_cmd[@]}" || test_rc=$?
     if [ ${#alone[@]} -gt 0 ]; then
-        "${alone[@]}" || { alone_rc=$?; [ "$test_rc" = 0 ] && test_rc=$alone_rc; }
+        for suite in "${alone_suites[@]}"; do
+            "${alone[@]}" "$suite" || { alone_rc=$?; [ "$test_rc" = 0 ] && test_rc=$alone_rc; }
+        done
     fi
     # The benchmark's smoke run: it must run to the end; its figures mean nothing in a debug build.
     if [ "$test_rc" = 0 ] && [ $# = 0 ]; then

@@ -115,7 +115,9 @@ struct LargeFileTests {
                 return
             }
             #expect(PosixFile.length(of: path) == file.size)
-            #expect(pair.transportChanges == ["tcp", "memory"], "\(pair.transportChanges)")
+            // (a link replaced by another on the same transport is reported too: a new remote)
+            let transports = pair.transportChanges.reduce(into: [String]()) { if $0.last != $1 { $0.append($1) } }
+            #expect(transports == ["tcp", "memory"], "\(pair.transportChanges)")
             #expect(!pair.receiverLeft, "the receiver never left the session")
         } catch {
             await pair.close()

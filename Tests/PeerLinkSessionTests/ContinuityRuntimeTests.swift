@@ -154,6 +154,11 @@ struct ContinuityRuntimeTests {
             Self.find(ana, bo, at: bo.memoryEndpoints)
             Self.find(bo, ana, at: ana.memoryEndpoints)
             try await ana.node.log.wait("Ana sees Bo connected") { $0.state(of: bo.node.peer) == .connected }
+            // the pair's channel writes on the link (a loaded machine may get here first)
+            let deadline = ContinuousClock.now + .seconds(10)
+            while ana.node.session.channel(for: bo.node.peer)?.activeLink == nil, ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(20))
+            }
             // Bo's process "dies": its listener goes, nothing it writes arrives any more (no
             // GO_AWAY), and Ana's end of the link ends without one.
             bo.node.listener.close()
@@ -162,7 +167,7 @@ struct ContinuityRuntimeTests {
             network.cut("ana")
             let cutAt = ContinuousClock.now
             if let link = ana.node.session.channel(for: bo.node.peer)?.activeLink { link.channel.close() }
-            try await ana.node.log.wait("Ana sees Bo leave", within: .seconds(15)) { $0.state(of: bo.node.peer) == .notConnected }
+            try await ana.node.log.wait("Ana sees Bo leave", within: .seconds(30)) { $0.state(of: bo.node.peer) == .notConnected }
             bo.node.kill.fire()
             #expect(ContinuousClock.now - cutAt < .seconds(5), "left \(ContinuousClock.now - cutAt) after the cut")
         }
