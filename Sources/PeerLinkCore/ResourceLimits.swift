@@ -48,6 +48,13 @@ public struct ResourceLimits: Hashable, Sendable {
     /// whose chunk goes over it is closed (`GO_AWAY` 11). Default 64 MiB.
     public var maximumPartialMessageBytesPerSession: Int
 
+    /// Bytes of one peer's messages received and waiting for the app to take them from the
+    /// session's events. Beyond it the session stops acknowledging that peer's reliable frames
+    /// (so its unacknowledged-bytes limit stops it: back pressure, nothing lost) and drops its
+    /// unreliable messages, until the app has taken half of them; a peer that keeps sending
+    /// regardless is closed (`GO_AWAY` 11). Other peers are not held up. Default 32 MiB.
+    public var maximumQueuedMessageBytesPerPeer: Int
+
     // MARK: Text and files
 
     /// A reason a peer gives (a refusing verdict, a `GO_AWAY`) is cut to this many bytes of
@@ -79,6 +86,7 @@ public struct ResourceLimits: Hashable, Sendable {
         writeProgressTimeout: Duration = .seconds(15),
         maximumPartialMessageBytesPerLink: Int = 32 * 1024 * 1024,
         maximumPartialMessageBytesPerSession: Int = 64 * 1024 * 1024,
+        maximumQueuedMessageBytesPerPeer: Int = 32 * 1024 * 1024,
         maximumReasonBytes: Int = 256,
         maximumKnownPeers: Int = 1024,
         reservedDescriptors: Int = 32,
@@ -91,6 +99,7 @@ public struct ResourceLimits: Hashable, Sendable {
         self.writeProgressTimeout = writeProgressTimeout
         self.maximumPartialMessageBytesPerLink = maximumPartialMessageBytesPerLink
         self.maximumPartialMessageBytesPerSession = maximumPartialMessageBytesPerSession
+        self.maximumQueuedMessageBytesPerPeer = maximumQueuedMessageBytesPerPeer
         self.maximumReasonBytes = maximumReasonBytes
         self.maximumKnownPeers = maximumKnownPeers
         self.reservedDescriptors = reservedDescriptors
@@ -127,6 +136,9 @@ public struct ResourceLimits: Hashable, Sendable {
         try require(
             maximumPartialMessageBytesPerSession >= maximumPartialMessageBytesPerLink,
             "maximumPartialMessageBytesPerSession must be at least maximumPartialMessageBytesPerLink (\(maximumPartialMessageBytesPerLink)), not \(maximumPartialMessageBytesPerSession)")
+        try require(
+            maximumQueuedMessageBytesPerPeer >= 1024,
+            "maximumQueuedMessageBytesPerPeer must be at least 1024, not \(maximumQueuedMessageBytesPerPeer)")
         try require(
             (Self.minimumReasonBytes...PeerText.decodedReasonBytes).contains(maximumReasonBytes),
             "maximumReasonBytes must be \(Self.minimumReasonBytes) to \(PeerText.decodedReasonBytes), not \(maximumReasonBytes)")

@@ -758,6 +758,9 @@ public final class Link: Sendable {
         case acknowledgment(UInt64)
     }
 
+    /// The peer's channel, once attached.
+    var attachedChannel: PeerChannel? { state.withLock { $0.channel } }
+
     /// Attaches the peer's channel: sequenced frames are written for it (when it makes this link
     /// the active one) and those that arrive go to it, starting with those that came before.
     public func attach(_ channel: PeerChannel) {

@@ -50,9 +50,11 @@ public final class PeerChannel: Sendable {
     ///   - streamOpened: called (with no lock held) for each stream the peer opens.
     init(
         peer: PeerID, incarnation: Incarnation?, localPeer: PeerID, policy: Continuity.Policy = .default,
-        maxQueuedBytes: Int = 256 * 1024, maxQueuedDataBytes: Int = 256 * 1024, clock: LinkClock, logger: Logger,
+        maxQueuedBytes: Int = 256 * 1024, maxQueuedDataBytes: Int = 256 * 1024,
+        maxUnconsumedMessageBytes: Int = ResourceLimits.default.maximumQueuedMessageBytesPerPeer, clock: LinkClock, logger: Logger,
         streamOpened: @escaping @Sendable (PeerStream) -> Void
     ) {
+        self.maxUnconsumedMessageBytes = max(1, maxUnconsumedMessageBytes)
         self.peer = peer
         self.incarnation = incarnation
         self.maxQueuedBytes = max(1, maxQueuedBytes)
@@ -66,8 +68,20 @@ public final class PeerChannel: Sendable {
         state = Mutex(State(continuity: Continuity(policy: policy), streams: StreamTable(role: role)))
     }
 
+    /// Over this many ``State/unconsumedMessageBytes`` the channel stops acknowledging
+    /// (``PeerLinkCore/ResourceLimits/maximumQueuedMessageBytesPerPeer``).
+    let maxUnconsumedMessageBytes: Int
+
     struct State: OutboxOwner {
         var continuity: Continuity
+        /// Bytes of the peer's messages the app has not taken yet: chunks handed to the session
+        /// and not yet through its state machine, and messages waiting in its events.
+        var unconsumedMessageBytes = 0
+        /// Bytes of the peer's messages the session's state machine holds in part (the sender
+        /// may interleave the chunks of many messages), as it last said.
+        var partialMessageBytes = 0
+        /// Everything above: what holds the peer back past the limit.
+        var heldMessageBytes: Int { unconsumedMessageBytes + partialMessageBytes }
         /// Sequenced frames not written yet, in their lanes (credit and resets, messages, data).
         var scheduler = FrameScheduler()
         var streams: StreamTable
@@ -269,15 +283,89 @@ public final class PeerChannel: Sendable {
                 state.outbox.add { active.wakeFromChannel() }
             }
             guard arrival == .accepted else { return .dropped }
+            if state.continuity.bytesPastHold > state.continuity.policy.maxRetainedBytes + Self.heldAllowance {
+                return .violation(
+                    WireError(
+                        .resourceLimit,
+                        "over \(state.continuity.bytesPastHold) bytes sent past the last acknowledgement while the app was behind (the limit is \(state.continuity.policy.maxRetainedBytes) unacknowledged bytes)"
+                    ))
+            }
             switch frame {
             case .data, .windowUpdate:
                 if let error = receiveStreamFrame(frame, in: &state) { return .violation(error) }
                 return .handled
+            case .message(_, _, let chunk):
+                state.unconsumedMessageBytes += chunk.count
+                holdIfOver(&state)
+                return .deliver(frame)
             default:
                 return .deliver(frame)
             }
         }
     }
+
+    /// What a held peer may still send past its unacknowledged-bytes limit before its link is
+    /// closed (code 11): what an honest peer flushes as its session ends.
+    static let heldAllowance = 16 << 20
+
+    /// Over the limit of unconsumed message bytes: acknowledgements stop, so the peer stops
+    /// sending soon (``PeerLinkCore/Continuity/hold()``).
+    private func holdIfOver(_ state: inout State) {
+        guard state.heldMessageBytes > maxUnconsumedMessageBytes, state.continuity.heldAt == nil else { return }
+        state.continuity.hold()
+        let queued = state.heldMessageBytes
+        state.outbox.add {
+            self.logger.info(
+                "the app is behind with this peer's messages: holding it back",
+                metadata: ["bytes.unconsumed": "\(queued)", "bytes.limit": "\(self.maxUnconsumedMessageBytes)"])
+        }
+    }
+
+    /// A message of `bytes` from the peer waits for the app (its chunks, counted as they
+    /// arrived, are uncounted as the session's state machine takes them). False, for an
+    /// unreliable message, when the peer is over the limit: drop it.
+    func messageQueued(bytes: Int, reliable: Bool) -> Bool {
+        state.withLockThenDeliver { state -> Bool in
+            if !reliable, state.heldMessageBytes >= maxUnconsumedMessageBytes { return false }
+            state.unconsumedMessageBytes += bytes
+            holdIfOver(&state)
+            return true
+        }
+    }
+
+    /// A chunk of `bytes` went through the session's state machine, which now holds
+    /// `partialMessageBytes` of the peer's messages in part (a complete message was counted again
+    /// by ``messageQueued(bytes:reliable:)``).
+    func chunkProcessed(_ bytes: Int, partialMessageBytes: Int) {
+        state.withLockThenDeliver { state in
+            state.partialMessageBytes = partialMessageBytes
+            state.unconsumedMessageBytes = max(0, state.unconsumedMessageBytes - bytes)
+            holdIfOver(&state)
+            releaseIfUnder(&state)
+        }
+    }
+
+    /// The app took a message of `bytes` from the peer. Back under half the limit, what arrived
+    /// is acknowledged again.
+    func messageBytesConsumed(_ bytes: Int) {
+        state.withLockThenDeliver { state in
+            state.unconsumedMessageBytes = max(0, state.unconsumedMessageBytes - bytes)
+            releaseIfUnder(&state)
+        }
+    }
+
+    /// Releases a hold once what the app has to take is back under half the limit. Messages
+    /// held in part do not count here: only more frames can complete them (the sender bounds
+    /// them: its outbox starts 16 MiB of messages at most at once).
+    private func releaseIfUnder(_ state: inout State) {
+        guard state.continuity.heldAt != nil, state.unconsumedMessageBytes <= maxUnconsumedMessageBytes / 2 else { return }
+        state.continuity.release()
+        if let active = state.active { state.outbox.add { active.wakeFromChannel() } }
+        state.outbox.add { self.logger.debug("the app caught up with this peer's messages: acknowledging them again") }
+    }
+
+    /// Bytes of the peer's messages the app has not taken yet (received in part included).
+    var unconsumedMessageBytes: Int { state.withLock { $0.heldMessageBytes } }
 
     /// The peer acknowledged every frame up to `through`. False when it acknowledged frames
     /// never sent (a protocol error).

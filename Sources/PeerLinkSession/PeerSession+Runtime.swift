@@ -201,7 +201,7 @@ extension PeerSession {
                 for endpoint in core.discovered[peer.fingerprint] ?? [] where !all.contains(endpoint) {
                     all.append(endpoint)
                 }
-                let targets = all
+                let targets = core.failedEndpoints.ordered(all, at: time.now())
                 core.outbox.add { self.spawn { await self.dial(peer, endpoints: targets) } }
             case .framesReady(let id):
                 guard let entry = core.links[id] else { continue }
@@ -316,6 +316,7 @@ extension PeerSession {
             logger.trace(
                 "message received",
                 metadata: peerMetadata(peer).merging(["bytes": "\(data.count)", "reliable": "\(reliable)"], uniquingKeysWith: { $1 }))
+            guard queueMessage(from: peer, bytes: data.count, reliable: reliable, in: &core) else { return }
             report(.message(from: peer, data: data, reliable: reliable), in: &core)
         case .linkChanged(let peer, let id):
             guard let link = core.links[id]?.link else { return }
@@ -371,8 +372,10 @@ extension PeerSession {
 
     // MARK: - Dialling
 
-    /// Dials `peer` at each endpoint in turn until one answers, then runs the link; reports
-    /// `dialFailed` when none does.
+    /// Dials `peer` at each endpoint in turn until one answers and completes the handshake as
+    /// `peer`, then runs the link; reports `dialFailed` when none does. An endpoint that accepts
+    /// and then fails the handshake (never answers, answers as somebody else, refuses) moves on
+    /// to the next one, and is dialled last for a while (``SessionCore/EndpointPenalties``).
     private func dial(_ peer: PeerID, endpoints: [Endpoint]) async {
         var failures: [String] = []
         // whether every endpoint answered that nothing listens there (the peer's session is gone)
@@ -401,6 +404,7 @@ extension PeerSession {
                 logger.info("dial failed", metadata: metadata)
                 failures.append(message)
                 if (error as? PeerLinkError)?.nothingListens != true { refusedEverywhere = false }
+                endpointFailed(endpoint)
                 continue
             }
             guard let channel = dialled else { return }
@@ -408,14 +412,29 @@ extension PeerSession {
                 channel.close()
                 return
             }
-            await drive(link, id: id)
-            return
+            let handshakeFailure = await drive(link, id: id, dialing: true)
+            guard let handshakeFailure else {
+                core.withLock { $0.failedEndpoints.worked(endpoint) }
+                return
+            }
+            if handshakeFailure is CancellationError || stopped.isFired { return }
+            let message = Self.message(of: handshakeFailure)
+            metadata["reason"] = "\(message)"
+            logger.info("handshake failed on a dialled link", metadata: metadata)
+            failures.append("\(endpoint): \(message)")
+            refusedEverywhere = false
+            endpointFailed(endpoint)
         }
         let reason =
             failures.isEmpty
             ? "no endpoint is known for it: discovery has not reported it, or not on a transport this session dials"
             : failures.joined(separator: "; ")
         dialFailed(peer, reason: reason, refused: !failures.isEmpty && refusedEverywhere, report: "could not reach \(peer): \(reason)")
+    }
+
+    private func endpointFailed(_ endpoint: Endpoint) {
+        let now = time.now()
+        core.withLock { $0.failedEndpoints.failed(endpoint, at: now) }
     }
 
     /// Dials `endpoint` with the first transport that dials its kind (``PeerLinkCore/Transport/dials(_:)``;
@@ -541,22 +560,40 @@ extension PeerSession {
 
     /// Runs one link: its handshake, then the session's business on it (frames in, a writer
     /// pulling frames out) until it ends.
-    private func drive(_ link: Link, id: LinkID) async {
-        await withDiscardingTaskGroup { group in
+    /// Runs `link` until it ends. A link this session dialled (`dialing`) that fails its
+    /// handshake returns the failure, for ``dial(_:endpoints:)`` to try the next endpoint; any
+    /// other is reported here.
+    @discardableResult
+    private func drive(_ link: Link, id: LinkID, dialing: Bool = false) async -> (any Error)? {
+        let failure = await withDiscardingTaskGroup(returning: (any Error)?.self) { group in
             group.addTask { await link.run() }
             let established: Link.Established
             do {
                 established = try await link.established
             } catch {
+                if dialing { return error }
                 handshakeFailed(link, id: id, error: error)
-                return
+                return nil
             }
-            guard admit(link, id: id, established) else { return }
+            guard admit(link, id: id, established) else { return nil }
+            let channel = link.attachedChannel
             group.addTask { await self.writeLoop(link, id: id) }
             for await event in link.events {
                 switch event {
                 case .frame(let frame):
-                    apply { core, now in (core.machine.frameReceived(frame, on: id, from: established.remote, at: now), ()) }
+                    if case .message(_, _, let chunk) = frame, let channel {
+                        // the chunk is through the state machine: held there in part, or
+                        // counted anew as a complete message (or dropped)
+                        let partial = apply { core, now in
+                            (
+                                core.machine.frameReceived(frame, on: id, from: established.remote, at: now),
+                                core.machine.partialMessageBytes(from: established.remote)
+                            )
+                        }
+                        channel.chunkProcessed(chunk.count, partialMessageBytes: partial)
+                    } else {
+                        apply { core, now in (core.machine.frameReceived(frame, on: id, from: established.remote, at: now), ()) }
+                    }
                 case .closed(let code, let reason, let byPeer):
                     // After the handshake, only an admission check closes a link with code 7.
                     if byPeer, code == .identityMismatch { refusedByPeer(established.remote, reason: reason) }
@@ -568,8 +605,10 @@ extension PeerSession {
                 core.links[id]?.ended = true
                 core.wakeWriter(id, returning: false)
             }
+            return nil
         }
         unregister(id)
+        return failure
     }
 
     /// A stream the peer opened: handed to the app when the peer is in the session (or on its
@@ -618,7 +657,8 @@ extension PeerSession {
             let channel =
                 core.channels[peer.fingerprint]
                 ?? PeerChannel(
-                    peer: peer, incarnation: incarnation, localPeer: localPeer, clock: time, logger: logger,
+                    peer: peer, incarnation: incarnation, localPeer: localPeer,
+                    maxUnconsumedMessageBytes: configuration.limits.maximumQueuedMessageBytesPerPeer, clock: time, logger: logger,
                     streamOpened: { [weak self] stream in self?.acceptStream(stream) })
             core.channels[peer.fingerprint] = channel
             link.attach(channel)
@@ -660,24 +700,17 @@ extension PeerSession {
         }
     }
 
-    /// A link that never got established: a dialled one is a failed dial; an incoming one is
-    /// reported only when it was refused (a connection that ends before its first word, such
-    /// as a browser checking the port, is not news).
+    /// A link that was not dialled for a known peer and never got established: reported only
+    /// when it was refused (a connection that ends before its first word, such as a browser
+    /// checking the port, is not news). Dialled links' failures go back to ``dial(_:endpoints:)``.
     private func handshakeFailed(_ link: Link, id: LinkID, error: any Error) {
-        let dialed = core.withLock { $0.links[id]?.dialed }
         var metadata: Logger.Metadata = [
             "link.id": "\(id.rawValue)", "transport": "\(link.channel.transport)", "link.remote": "\(link.channel.remoteDescription)",
         ]
-        if let dialed { metadata["peer.id"] = "\(dialed.fingerprint)" }
         let reason = Self.message(of: error)
         metadata["reason"] = "\(reason)"
         if error is CancellationError || stopped.isFired {
             logger.debug("link ended during the handshake as the session stops", metadata: metadata)
-            return
-        }
-        if let dialed {
-            logger.info("link refused", metadata: metadata)
-            dialFailed(dialed, reason: reason, report: reason)
             return
         }
         if let closure = link.closure, closure.code == .handshakeFailed {

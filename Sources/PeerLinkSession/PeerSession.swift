@@ -163,8 +163,9 @@ public enum PeerSessionEvent: Sendable, Hashable, CustomStringConvertible {
 /// - A session runs once: after ``disconnect()`` (or once ``run()`` returned) it is over;
 ///   `invite` and `respond` throw `unavailable`. Make a new one to join again.
 /// - Calls made before ``run()`` starts are kept: dials start once it runs.
-/// - ``events`` is one stream for one consumer, buffered without limit; it finishes when
-///   ``run()`` returns.
+/// - ``events`` is one stream for one consumer; it finishes when ``run()`` returns. A peer
+///   whose messages wait there beyond ``PeerLinkCore/ResourceLimits/maximumQueuedMessageBytesPerPeer``
+///   is held back (back pressure; its unreliable messages are dropped) until the app reads on.
 /// - Each link has a writer of its own that pulls frames from the state machine only when the
 ///   link can take them, so a slow link never holds up the others.
 /// - Incoming links that end before the handshake without a word (a browser checking that the
@@ -189,7 +190,12 @@ public final class PeerSession: Sendable {
     /// incarnation (its channel goes on), and starts afresh with another.
     public let incarnation: Incarnation
     /// What happens in the session, for one consumer; it finishes when ``run()`` returns.
-    public let events: AsyncStream<PeerSessionEvent>
+    /// Read it: a peer whose messages wait here beyond
+    /// ``PeerLinkCore/ResourceLimits/maximumQueuedMessageBytesPerPeer`` is held back.
+    public var events: PeerSessionEvents {
+        PeerSessionEvents(base: eventStream, taken: { [weak self] in self?.eventTaken($0) })
+    }
+    let eventStream: AsyncStream<PeerSessionEvent>
     /// Streams peers opened to the local peer, accepted already, for one consumer; it finishes
     /// when ``run()`` returns. Read them (or reset them): an unread stream holds its sender.
     public let incomingStreams: AsyncStream<PeerStream>
@@ -271,7 +277,7 @@ public final class PeerSession: Sendable {
         }
         incarnation = .random()
         hello = Hello(displayName: configuration.displayName, incarnation: incarnation)
-        (events, eventSink) = AsyncStream.makeStream(of: PeerSessionEvent.self, bufferingPolicy: .unbounded)
+        (eventStream, eventSink) = AsyncStream.makeStream(of: PeerSessionEvent.self, bufferingPolicy: .unbounded)
         (incomingStreams, streamSink) = AsyncStream.makeStream(of: PeerStream.self, bufferingPolicy: .unbounded)
         (spawns, spawner) = AsyncStream.makeStream(of: (@Sendable () async -> Void).self, bufferingPolicy: .unbounded)
         core = Mutex(SessionCore(machine: machine))

@@ -40,6 +40,12 @@ struct SessionCore: OutboxOwner {
     var liveLinks = 0
     /// The latest endpoints discovery reported, by peer.
     var discovered: [Fingerprint: [Endpoint]] = [:]
+    /// Endpoints whose last dial or handshake failed, with when: dialled after the others until
+    /// one works again, so a record that leads nowhere (a stale address, or a hostile one naming
+    /// somebody else's id) delays a peer's links at most once in `EndpointPenalties.memory`.
+    var failedEndpoints = EndpointPenalties()
+    /// Unreliable messages dropped on arrival because their peer was held back.
+    var droppedIncomingDatagrams = 0
     /// Peers discovery reported found and not lost.
     var found: Set<Fingerprint> = []
     /// Each peer's channel: its sequenced frames and streams, across links.

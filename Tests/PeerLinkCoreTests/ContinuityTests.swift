@@ -138,3 +138,43 @@ struct ContinuityTests {
         #expect(taken == (1...UInt64(total)).map { $0 }, "seed \(seed)")
     }
 }
+
+@Suite("Continuity held back while the app is behind")
+struct ContinuityHoldTests {
+    @Test func acknowledgementsStopAtTheHoldPointAndResumeOnRelease() {
+        var receiver = Continuity()
+        for sequence in 1...3 { #expect(receiver.receive(UInt64(sequence), size: 100, at: .zero) == .accepted) }
+        receiver.hold()
+        #expect(receiver.heldAt == 3)
+        for sequence in 4...10 { #expect(receiver.receive(UInt64(sequence), size: 100, at: .zero) == .accepted) }
+        #expect(receiver.bytesPastHold == 700)
+        // what arrived before the hold is acknowledged, once; nothing after it
+        #expect(receiver.acknowledgment(at: .seconds(1), piggyback: true) == 3)
+        #expect(receiver.acknowledgment(at: .seconds(2), piggyback: true) == nil)
+        // a new link learns the hold point again
+        receiver.linkStarted()
+        #expect(receiver.acknowledgment(at: .seconds(3)) == 3)
+        #expect(receiver.acknowledgment(at: .seconds(4)) == nil)
+        // caught up: everything that arrived is acknowledged at once
+        receiver.release()
+        #expect(receiver.heldAt == nil && receiver.bytesPastHold == 0)
+        #expect(receiver.acknowledgmentPending)
+        #expect(receiver.acknowledgment(at: .seconds(5)) == 10)
+    }
+
+    @Test func aHeldReceiverStopsTheSenderAtItsWindow() {
+        let policy = Continuity.Policy(maxRetainedBytes: 64 * 1024)
+        var sender = Continuity(policy: policy)
+        var receiver = Continuity(policy: policy)
+        receiver.hold()
+        var sent = 0
+        while sender.canSend, sent < 1000 {
+            let sequence = sender.stamp(.datagram([]), size: 1024)
+            _ = receiver.receive(sequence, size: 1024, at: .zero)
+            if let through = receiver.acknowledgment(at: .seconds(1)) { _ = sender.acknowledge(through: through) }
+            sent += 1
+        }
+        #expect(!sender.canSend)
+        #expect(receiver.bytesPastHold <= policy.maxRetainedBytes + 1024)
+    }
+}

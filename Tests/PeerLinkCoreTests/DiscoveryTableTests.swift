@@ -477,3 +477,35 @@ struct LivenessSimulationTests {
         #expect(longest >= policy.worstCaseDetection - .milliseconds(1))
     }
 }
+
+@Suite("Endpoints that failed are dialled last")
+struct EndpointPenaltiesTests {
+    let a = Endpoint.tcp(host: "192.0.2.1", port: 1)
+    let b = Endpoint.tcp(host: "192.0.2.2", port: 2)
+    let c = Endpoint.tcp(host: "192.0.2.3", port: 3)
+
+    @Test func failedEndpointsGoLastUntilTheyWorkOrAreForgotten() {
+        var penalties = EndpointPenalties()
+        #expect(penalties.ordered([a, b, c], at: .seconds(0)) == [a, b, c])
+        penalties.failed(b, at: .seconds(10))
+        penalties.failed(a, at: .seconds(20))
+        // the others in their order, then the failed ones, the one that failed longest ago first
+        #expect(penalties.ordered([a, b, c], at: .seconds(21)) == [c, b, a])
+        penalties.worked(a)
+        #expect(penalties.ordered([a, b, c], at: .seconds(22)) == [a, c, b])
+        // a failure older than the memory no longer counts
+        #expect(penalties.ordered([a, b, c], at: .seconds(10) + EndpointPenalties.memory) == [a, b, c])
+    }
+
+    @Test func boundedInNumber() {
+        var penalties = EndpointPenalties()
+        for index in 0..<(EndpointPenalties.capacity + 50) {
+            penalties.failed(.tcp(host: "192.0.2.9", port: UInt16(1000 + index)), at: .seconds(Int64(index)))
+        }
+        #expect(penalties.count == EndpointPenalties.capacity)
+        // the oldest were forgotten, the newest kept
+        let oldest = Endpoint.tcp(host: "192.0.2.9", port: 1000)
+        let newest = Endpoint.tcp(host: "192.0.2.9", port: UInt16(1000 + EndpointPenalties.capacity + 49))
+        #expect(penalties.ordered([newest, oldest], at: .seconds(400)) == [oldest, newest])
+    }
+}

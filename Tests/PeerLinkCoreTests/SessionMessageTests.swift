@@ -78,6 +78,34 @@ struct SessionMessageTests {
         #expect(delivered == [message])
     }
 
+    /// However many messages are queued, at most 8 are in progress at once, of 16 MiB at most
+    /// together (one larger alone): what the receiver holds in part stays bounded.
+    @Test func messagesInProgressAreBounded() throws {
+        var net = try Self.connectedPair()
+        let sizes = Array(repeating: 64 * 1024, count: 40) + Array(repeating: 6 * 1024 * 1024, count: 4) + [16 * 1024 * 1024, 1000]
+        for (index, size) in sizes.enumerated() { try net.send(0, Self.bytes(size, seed: index), to: [1]) }
+        let link = try #require(net.machine(0).allLinks.first)
+        var inProgress: [UInt32: Int] = [:]  // id: bytes taken so far
+        var sizeOf: [UInt32: Int] = [:]
+        var nextIndex = 0
+        var most = 0
+        var mostBytes = 0
+        while let frame = net.nodes[0].machine.nextFrame(for: link) {
+            guard case .message(let id, let flags, let chunk) = frame else { continue }
+            if sizeOf[id] == nil {
+                sizeOf[id] = sizes[nextIndex]
+                nextIndex += 1
+            }
+            inProgress[id, default: 0] += chunk.count
+            most = max(most, inProgress.count)
+            mostBytes = max(mostBytes, inProgress.keys.reduce(0) { $0 + sizeOf[$1]! })
+            if !flags.contains(.more) { inProgress[id] = nil }
+        }
+        #expect(nextIndex == sizes.count && inProgress.isEmpty)
+        #expect(most == 8, "\(most) messages in progress at once")
+        #expect(mostBytes <= WireFormat.maxMessageLength, "\(mostBytes) bytes of messages in progress at once")
+    }
+
     /// A 10 MiB message does not hold up a chat line queued after it: the line's only frame is
     /// the second frame out, and it is received long before the large one.
     @Test func aSmallMessageOvertakesALargeOne() throws {

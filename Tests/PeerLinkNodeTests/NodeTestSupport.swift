@@ -12,7 +12,7 @@ final class NodeLog: Sendable {
     var events: [PeerNodeEvent] { state.withLock { $0 } }
 
     /// Consumes the node's events until the stream ends.
-    func record(_ stream: AsyncStream<PeerNodeEvent>) async {
+    func record(_ stream: some AsyncSequence<PeerNodeEvent, Never>) async {
         for await event in stream {
             state.withLock { $0.append(event) }
         }

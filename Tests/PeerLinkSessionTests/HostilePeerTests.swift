@@ -198,6 +198,42 @@ struct HostilePeerTests {
         #expect(summaries.count >= 1 && summaries.count <= 3, "\(summaries.count) summaries")
     }
 
+    @Test("discovery poisoned with the honest peer's id at an address that never answers, and at one that answers as somebody else, delays the pair by one handshake timeout at most")
+    func discoveryPoisoning() async throws {
+        var linkPolicy = LinkPolicy()
+        linkPolicy.handshakeTimeout = .seconds(3)
+        let victimLog = TestLog()
+        let victim = try Self.node("victim", log: victimLog, linkPolicy: linkPolicy)
+        let honest = try Self.node("honest", log: TestLog())
+        let impostor = try Self.node("impostor", log: TestLog())
+        // Accepts connections (the kernel completes them) and never says a word.
+        let silent = try TCPTransportListener(host: "127.0.0.40")
+        defer { silent.close() }
+        let trap = try #require(silent.localEndpoints.first)
+        let impostorAddress = try #require(impostor.listener.localEndpoints.first)
+        try await withRunning([victim, honest, impostor]) {
+            let started = ContinuousClock.now
+            // Only the victim dials: the poisoned record lists the traps first.
+            victim.session.discovered(
+                .found(
+                    DiscoveredPeer(
+                        id: honest.peer, protocolVersion: 1, endpoints: [trap, impostorAddress] + honest.listener.localEndpoints,
+                        info: try DiscoveryInfo())))
+            try await victim.log.wait("the victim reaches the honest peer past the traps", within: .seconds(30)) {
+                $0.state(of: honest.peer) == .connected
+            }
+            let took = ContinuousClock.now - started
+            // One handshake timeout for the silent address, a moment for the impostor (and slack
+            // for a loaded machine); before, the first address that accepted was all it tried.
+            #expect(took < .seconds(3 + 12), "took \(took): \(victimLog.all.filter { $0.message.contains("dial") || $0.message.contains("handshake") }.map { "\($0.message) \($0.metadata)" })")
+            #expect(
+                !victim.log.events.contains {
+                    if case .peerStateChanged(let peer, .connected, _) = $0 { peer == impostor.peer } else { false }
+                })
+            try await Self.honestExchange(victim, honest, count: 10, tag: "past the traps")
+        }
+    }
+
     @Test("a refusing verdict cannot reach the victim's terminal or log raw")
     func terminalInjection() async throws {
         let log = TestLog()

@@ -24,7 +24,7 @@ final class EventLog: Sendable {
     var events: [PeerSessionEvent] { state.withLock { $0.events } }
 
     /// Consumes the session's events until the stream ends.
-    func record(_ stream: AsyncStream<PeerSessionEvent>) async {
+    func record(_ stream: some AsyncSequence<PeerSessionEvent, Never>) async {
         for await event in stream {
             state.withLock { state in
                 state.events.append(event)

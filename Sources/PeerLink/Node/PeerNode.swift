@@ -43,8 +43,16 @@ public final class PeerNode: Sendable {
     /// The session over every transport that runs. Its `events` are consumed by the node (read
     /// ``events`` instead); read its `incomingStreams` for streams peers open.
     public let session: PeerSession
-    /// What happens: the session's events and the node's own, for one consumer.
-    public let events: AsyncStream<PeerNodeEvent>
+    /// What happens: the session's events and the node's own, for one consumer. Read it: the
+    /// session's messages count as waiting for the app until they are taken here (see
+    /// ``PeerLinkSession/PeerSessionEvents``).
+    public var events: PeerNodeEvents {
+        let sessionEvents = session.events
+        return PeerNodeEvents(base: eventStream, taken: { event in
+            if case .session(let inner) = event { sessionEvents.markTaken(inner) }
+        })
+    }
+    private let eventStream: AsyncStream<PeerNodeEvent>
     /// The modules chosen, in order (those that could not run included).
     public let modules: [any TransportModule]
     /// The names of the modules whose links are open.
@@ -136,7 +144,7 @@ public final class PeerNode: Sendable {
             modules: opened.map(\.module),
             request: BrowseRequest(serviceType: configuration.session.serviceType, excluding: [localPeer.fingerprint]),
             ranking: configuration.ranking, logger: logger)
-        (events, sink) = AsyncStream.makeStream(of: PeerNodeEvent.self, bufferingPolicy: .unbounded)
+        (eventStream, sink) = AsyncStream.makeStream(of: PeerNodeEvent.self, bufferingPolicy: .unbounded)
 
         if configuration.advertising {
             let publication = Self.startPublication(
@@ -213,7 +221,8 @@ public final class PeerNode: Sendable {
 
     private func forwardSessionEvents() async {
         var present: Set<PeerID> = []
-        for await event in session.events {
+        // uncounted: the session's events count as taken when the app takes them from ours
+        for await event in session.events.uncounted {
             sink.yield(.session(event))
             guard case .peerStateChanged(let peer, let peerState, _) = event else { continue }
             if peerState == .connected {
@@ -463,5 +472,39 @@ final class NodeTrust: Sendable {
             }
         }
         return verdict
+    }
+}
+
+/// What a ``PeerNode`` tells the app, in order, for one consumer: iterate it with
+/// `for await event in node.events`. It finishes when the node's session is over.
+public struct PeerNodeEvents: AsyncSequence, Sendable {
+    public typealias Element = PeerNodeEvent
+    public typealias Failure = Never
+
+    let base: AsyncStream<PeerNodeEvent>
+    let taken: @Sendable (PeerNodeEvent) -> Void
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        public typealias Element = PeerNodeEvent
+        public typealias Failure = Never
+
+        var base: AsyncStream<PeerNodeEvent>.Iterator
+        let taken: @Sendable (PeerNodeEvent) -> Void
+
+        public mutating func next() async -> PeerNodeEvent? {
+            guard let event = await base.next() else { return nil }
+            taken(event)
+            return event
+        }
+
+        public mutating func next(isolation actor: isolated (any Actor)?) async -> PeerNodeEvent? {
+            guard let event = await base.next(isolation: actor) else { return nil }
+            taken(event)
+            return event
+        }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(base: base.makeAsyncIterator(), taken: taken)
     }
 }

@@ -89,6 +89,14 @@ public struct Continuity: Sendable {
     public private(set) var acknowledgmentDeadline: Duration?
     /// An `ACK` is owed at once (a new link, a copy or a gap).
     private var acknowledgeNow = false
+    /// A new link, a copy or a gap: the peer must hear the acknowledged number again, even held.
+    private var announce = false
+    /// While the app is behind with what arrived (``hold()``), acknowledgements stop here.
+    public private(set) var heldAt: UInt64?
+    /// Bytes of frames that arrived after ``heldAt`` (0 when not held). An honest peer writes at
+    /// most its ``Policy/maxRetainedBytes`` past the last `ACK` it heard (and, as its session
+    /// ends, what it had queued).
+    public private(set) var bytesPastHold = 0
 
     public init(policy: Policy = .default) {
         self.policy = policy
@@ -176,9 +184,11 @@ public struct Continuity: Sendable {
     public mutating func receive(_ sequence: UInt64, size: Int, at now: Duration) -> Arrival {
         guard sequence == received + 1 else {
             acknowledgeNow = true
+            announce = true
             return sequence <= received ? .duplicate : .gap
         }
         received = sequence
+        if heldAt != nil { bytesPastHold += size }
         framesSinceAck += 1
         bytesSinceAck += size
         if acknowledgmentDeadline == nil { acknowledgmentDeadline = now + policy.ackDelay }
@@ -191,7 +201,25 @@ public struct Continuity: Sendable {
     /// what is missing.
     public mutating func linkStarted() {
         acknowledgeNow = true
+        announce = true
         resendAfter = acknowledged
+    }
+
+    /// The app is behind with what arrived: frames keep being taken, but acknowledgements stop
+    /// at what arrived so far, so the peer's unacknowledged-bytes limit stops it soon. Back
+    /// pressure for a peer whose messages the app does not read; ``release()`` ends it.
+    public mutating func hold() {
+        guard heldAt == nil else { return }
+        heldAt = received
+        bytesPastHold = 0
+    }
+
+    /// The app caught up: what arrived is acknowledged again (an `ACK` is owed at once).
+    public mutating func release() {
+        guard heldAt != nil else { return }
+        heldAt = nil
+        bytesPastHold = 0
+        if received > lastAcknowledgmentSent { acknowledgeNow = true }
     }
 
     /// The `ACK` to send at `now`, if one is due: its number (what arrived in order). Taking it
@@ -205,6 +233,15 @@ public struct Continuity: Sendable {
         guard due else { return nil }
         acknowledgeNow = false
         acknowledgmentDeadline = nil
+        if let heldAt {
+            // held: nothing past the hold point; the hold point itself once, or again for a
+            // new link, a copy or a gap
+            defer { announce = false }
+            guard announce || heldAt > lastAcknowledgmentSent else { return nil }
+            lastAcknowledgmentSent = max(lastAcknowledgmentSent, heldAt)
+            return heldAt
+        }
+        announce = false
         framesSinceAck = 0
         bytesSinceAck = 0
         lastAcknowledgmentSent = received

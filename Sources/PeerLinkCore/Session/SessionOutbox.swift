@@ -24,19 +24,30 @@ struct OutgoingMessage: Sendable {
 ///
 /// Three lanes: control messages first (first in, first out); then unreliable messages (a small
 /// bounded lane) and reliable messages take turns, a datagram then a chunk, so neither waits
-/// behind the other; reliable messages go one chunk per turn, round-robin (a message with
-/// chunks left goes to the back of the lane), so a small message queued after a large one is
-/// finished long before the large one. Every operation on the lanes is O(1) amortised, however
-/// many messages wait.
+/// behind the other; reliable messages go one chunk per turn, round-robin among the messages
+/// started (a message with chunks left goes to the back of them), so a small message queued
+/// after a large one is finished long before the large one. At most ``maxInterleaved`` messages
+/// of at most ``interleaveBytes`` together are started at once (one larger message alone): what
+/// the receiver holds in part stays within that, whatever the sender queued. Every operation on
+/// the lanes is O(1) amortised, however many messages wait.
 struct PeerOutbox: Sendable {
     private var control = FIFO<QueuedControl>()
     private var datagrams = FIFO<[UInt8]>()
+    /// Reliable messages not started yet, in the order they were sent.
     private var messages = FIFO<OutgoingMessage>()
+    /// Reliable messages started (round-robin among them), and their bytes in all.
+    private var started = FIFO<OutgoingMessage>()
+    private var startedBytes = 0
     /// The last frame taken from the datagram and message lanes was a datagram.
     private(set) var datagramsLast = false
 
-    var isEmpty: Bool { control.isEmpty && datagrams.isEmpty && messages.isEmpty }
-    var hasMessages: Bool { !messages.isEmpty }
+    /// At most this many messages are started at once…
+    static let maxInterleaved = 8
+    /// … of at most this many bytes together (a larger message is started alone).
+    static let interleaveBytes = WireFormat.maxMessageLength
+
+    var isEmpty: Bool { control.isEmpty && datagrams.isEmpty && messages.isEmpty && started.isEmpty }
+    var hasMessages: Bool { !messages.isEmpty || !started.isEmpty }
 
     mutating func enqueue(_ item: QueuedControl) { control.append(item) }
 
@@ -63,11 +74,19 @@ struct PeerOutbox: Sendable {
         return datagram
     }
 
-    /// The next chunk, round-robin across the queued messages: one chunk of the oldest message
-    /// in the lane, which then goes to the back if it has chunks left. `nextID` gives a message
+    /// The next chunk, round-robin across the messages started: one chunk of the first of them,
+    /// which then goes to the back if it has chunks left. Messages waiting are started, in
+    /// order, while ``maxInterleaved`` and ``interleaveBytes`` allow. `nextID` gives a message
     /// its id when its first chunk is taken (counting up on the link, skipping 0).
     mutating func takeChunk(nextID: inout UInt32) -> Frame? {
-        guard var message = messages.removeFirst() else { return nil }
+        while let next = messages.first,
+            started.isEmpty || (started.count < Self.maxInterleaved && startedBytes + next.bytes.count <= Self.interleaveBytes)
+        {
+            _ = messages.removeFirst()
+            started.append(next)
+            startedBytes += next.bytes.count
+        }
+        guard var message = started.removeFirst() else { return nil }
         datagramsLast = false
         let id: UInt32
         if let existing = message.id {
@@ -81,7 +100,7 @@ struct PeerOutbox: Sendable {
         let chunk = Array(message.bytes[message.offset..<end])
         message.offset = end
         let finished = end == message.bytes.count
-        if !finished { messages.append(message) }
+        if finished { startedBytes -= message.bytes.count } else { started.append(message) }
         return .message(id: id, flags: finished ? [] : .more, chunk: chunk)
     }
 }

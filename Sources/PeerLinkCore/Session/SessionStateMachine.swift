@@ -86,6 +86,11 @@ public struct SessionStateMachine: Sendable {
     /// Bytes of reliable messages received in part, all links together.
     public internal(set) var bufferedMessageBytes = 0
 
+    /// Bytes of `peer`'s reliable messages received in part (chunks waiting for the rest).
+    public func partialMessageBytes(from peer: PeerID) -> Int {
+        peers[peer.fingerprint]?.reassembly.bufferedBytes ?? 0
+    }
+
     var now: Duration = .zero
     var peers: [Fingerprint: PeerRecord] = [:]
     var links: [LinkID: LinkRecord] = [:]
