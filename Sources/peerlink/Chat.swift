@@ -465,11 +465,28 @@ final class ChatConsole: @unchecked Sendable {
         }
     }
 
-    /// Text safe to print: invalid UTF-8 replaced, control characters (a hostile peer's terminal
-    /// escape sequences) shown as '?'.
+    /// The most of one message a line shows (bytes of UTF-8); the rest is counted, not printed.
+    static let shownBytes = 16 << 10
+
+    /// Text safe to print, in time linear in what is shown: at most ``shownBytes`` of the
+    /// message (cut at a character, the number of bytes left out said after it), invalid UTF-8
+    /// replaced, and every character that could act on a terminal (controls, C1, line
+    /// separators, text-direction overrides: ``PeerLinkCore/PeerText/needsEscape(_:)``, tab
+    /// and backslash aside) shown as '?'.
     static func printable(_ data: [UInt8]) -> String {
-        String(decoding: data, as: UTF8.self).unicodeScalars.map { scalar in
-            scalar.properties.generalCategory == .control && scalar != "\t" ? "?" : String(scalar)
-        }.joined()
+        var end = min(data.count, shownBytes)
+        // back to the start of a UTF-8 sequence, so the cut does not leave half a character
+        if end < data.count {
+            var back = end
+            while back > 0, end - back < 3, data[back] & 0xC0 == 0x80 { back -= 1 }
+            if data[back] & 0xC0 != 0x80 { end = back }
+        }
+        var scalars = String.UnicodeScalarView()
+        scalars.reserveCapacity(end)
+        for scalar in String(decoding: data[..<end], as: UTF8.self).unicodeScalars {
+            scalars.append(scalar == "\t" || scalar == "\\" || !PeerText.needsEscape(scalar) ? scalar : "?")
+        }
+        let shown = String(scalars)
+        return end < data.count ? shown + " … (\(data.count - end) more bytes not shown)" : shown
     }
 }

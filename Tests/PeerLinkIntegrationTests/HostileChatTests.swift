@@ -133,4 +133,65 @@ struct HostileChatTests {
         #expect(try await victim.waitForExit() == 0, "\(victim.stderr.suffix(2000))")
         print("descriptor exhaustion: \(attempts) attacking connections, \(tally.failures.withLock { $0 }) failed to connect; victim descriptors: \(baseline) before, at most \(highest) (limit \(Self.descriptorLimit)), \(after) after")
     }
+
+    /// The victim's peak resident memory (VmHWM) in bytes, or nil once it is gone.
+    static func peakResident(_ pid: pid_t) -> Int? {
+        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return nil }
+        for line in status.split(separator: "\n") where line.hasPrefix("VmHWM:") {
+            return line.split(separator: " ").dropFirst().first.flatMap { Int($0) }.map { $0 * 1024 }
+        }
+        return nil
+    }
+
+    @Test(
+        "a member sending five 16 MiB messages does not hold up an honest line, and the victim prints a bounded part of each",
+        .timeLimit(.minutes(3)))
+    func largeMessages() async throws {
+        let service = TestHost.uniqueServiceType("m")
+        let configHome = TestHost.temporaryDirectory()
+        let victim = try ChildProcess.peerlink(
+            ["chat", "--name", "Victim", "--service", service, "--accept-all"], configHome: configHome, withInput: true)
+        defer { victim.terminate() }
+        try await victim.waitForStderrLine(containing: "Chatting as Victim", timeout: .seconds(30))
+        let honest = try ChildProcess.peerlink(["chat", "--name", "Honest", "--service", service], withInput: true)
+        defer { honest.terminate() }
+        try await victim.waitForLine(containing: "* Honest joined", timeout: .seconds(60))
+        let baseline = try #require(Self.peakResident(victim.pid))
+
+        // The attacker: a peer that joins like any other and types five lines of 16 MiB (less
+        // the newline), as a modified client would send them.
+        let mallory = try ChildProcess.peerlink(["chat", "--name", "Mallory", "--service", service], withInput: true)
+        defer { mallory.terminate() }
+        try await victim.waitForLine(containing: "* Mallory joined", timeout: .seconds(60))
+        try await mallory.waitForLine(containing: "* Honest joined", timeout: .seconds(60))
+        let big = String(repeating: "A", count: WireFormat.maxMessageLength - 1) + "\n"
+        for _ in 0..<5 { mallory.type(big) }
+        // once the first has arrived, the honest peer speaks while the others are on their way
+        try await victim.waitForLine(timeout: .seconds(60)) { $0.hasPrefix("Mallory: AAAA") }
+        let started = ContinuousClock.now
+        honest.type("an honest line\n")
+        try await victim.waitForLine(containing: "Honest: an honest line", timeout: .seconds(60))
+        let took = ContinuousClock.now - started
+        // every big message is shown cut, and said to be cut
+        var shown = 0
+        for _ in 0..<60 where shown < 5 {
+            shown = victim.stdoutLines.filter { $0.hasPrefix("Mallory: AAAA") && $0.contains("more bytes not shown") }.count
+            if shown < 5 { try await Task.sleep(for: .milliseconds(500)) }
+        }
+        #expect(shown == 5, "\(shown) of 5 large messages shown")
+        #expect(victim.stdoutLines.allSatisfy { $0.utf8.count <= ChatLimits.shownBytes + 200 }, "a line longer than the chat shows")
+        let peak = try #require(Self.peakResident(victim.pid))
+        // five 16 MiB messages arrive one after another: each is held while it is reassembled,
+        // taken and printed; nothing piles up
+        #expect(peak - baseline < 160 << 20, "the victim's peak memory grew by \(peak - baseline) bytes")
+        #expect(victim.isRunning)
+        print("large messages: the honest line arrived \(took) after it was typed, among 80 MiB from the attacker; victim peak memory \(baseline >> 20) MiB before, \(peak >> 20) MiB after")
+        victim.type("/quit\n")
+        #expect(try await victim.waitForExit() == 0, "\(victim.stderr.suffix(2000))")
+    }
+
+    /// What `peerlink chat` shows of one message (as in its ChatConsole).
+    enum ChatLimits {
+        static let shownBytes = 16 << 10
+    }
 }
