@@ -20,6 +20,8 @@ struct StreamSlot {
     var failure: PeerLinkError?
     /// The failure came from a reset: unread bytes are dropped.
     var wasReset = false
+    /// Its `PeerStream` is gone: nobody can read it or learn how it ended any more.
+    var released = false
 
     var hasUnread: Bool { !inbox.isEmpty }
 
@@ -40,6 +42,7 @@ extension PeerChannel {
     /// A `DATA` or `WINDOW_UPDATE` from the peer (under the lock): the table's accounting, then
     /// the runtime's. Returns the rule the peer broke, if it did (the link closes then).
     func receiveStreamFrame(_ frame: Frame, in state: inout State) -> WireError? {
+        forgetReleasedStreams(in: &state)
         let outcome: StreamTable.Outcome
         do throws(WireError) {
             outcome = try state.streams.receive(frame)
@@ -79,7 +82,39 @@ extension PeerChannel {
                 wakeStreamWaiters(&state, stream: id)
             }
         }
+        for event in outcome.events {
+            switch event {
+            case .finished(let id), .reset(let id, _): forgetIfReleased(id, in: &state)
+            default: break
+            }
+        }
         return nil
+    }
+
+    /// The app let go of stream `id` (its `PeerStream` is gone): its slot goes once the stream is
+    /// over both ways (a stream finished on this side keeps its data going). Noted only: the
+    /// channel looks at it the next time it takes its lock for streams.
+    func streamReleased(_ id: UInt32) {
+        releasedStreams.withLock { $0.append(id) }
+    }
+
+    /// Marks the streams whose `PeerStream` went away, forgetting those that are over.
+    func forgetReleasedStreams(in state: inout State) {
+        let released = releasedStreams.withLock { ids -> [UInt32] in
+            defer { ids = [] }
+            return ids
+        }
+        for id in released {
+            state.slots[id]?.released = true
+            forgetIfReleased(id, in: &state)
+        }
+    }
+
+    /// Removes the slot of stream `id` once its `PeerStream` is gone and the stream is over
+    /// (no longer in the table): a long-lived channel keeps no trace of the streams it carried.
+    func forgetIfReleased(_ id: UInt32, in state: inout State) {
+        guard let slot = state.slots[id], slot.released, state.streams[id] == nil else { return }
+        state.slots[id] = nil
     }
 
     /// The channel is over (under the lock): every stream still going ends with `error`; bytes
@@ -183,6 +218,7 @@ extension PeerChannel {
             if let closure = state.closure {
                 throw PeerLinkError(.notConnected, "\(peer) is not connected (\(closure.message)): open the stream once it is connected again")
             }
+            forgetReleasedStreams(in: &state)
             let (id, syn) = try state.streams.open(name: name)
             state.slots[id] = StreamSlot(name: name, accepted: false)
             state.scheduler.enqueue(syn)
@@ -246,6 +282,7 @@ extension PeerChannel {
             slot.localFinished = true
             state.slots[id] = slot
             state.scheduler.enqueue(fin)
+            forgetIfReleased(id, in: &state)
             wakeWriter(&state)
         }
     }
@@ -264,6 +301,7 @@ extension PeerChannel {
                 slot.inbox = FIFO()
                 state.slots[id] = slot
             }
+            forgetIfReleased(id, in: &state)
             wakeStreamWaiters(&state, stream: id)
             wakeWriter(&state)
         }
@@ -291,13 +329,15 @@ extension PeerChannel {
         return nil
     }
 
-    /// Streams open to the peer (both directions), and bytes received and not read yet.
-    var streamCounts: (open: Int, unreadBytes: Int) {
+    /// Streams open to the peer (both directions), bytes received and not read yet, and the
+    /// streams kept track of (open, or ended and still held by the app).
+    var streamCounts: (open: Int, unreadBytes: Int, tracked: Int) {
         state.withLock { state in
+            forgetReleasedStreams(in: &state)
             let unread = state.slots.values.reduce(0) { total, slot in
                 total + slot.inbox.reduce(0) { $0 + $1.count }
             }
-            return (state.streams.entries.count, unread)
+            return (state.streams.entries.count, unread, state.slots.count)
         }
     }
 }

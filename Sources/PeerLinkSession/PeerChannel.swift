@@ -29,6 +29,10 @@ public final class PeerChannel: Sendable {
     public let maxQueuedDataBytes: Int
 
     let state: Mutex<State>
+    /// Streams whose `PeerStream` went away, not yet looked at under ``state``'s lock: a
+    /// `PeerStream` may be freed while that lock is held (a waiter holding the last reference),
+    /// so its `deinit` only notes it here.
+    let releasedStreams = Mutex<[UInt32]>([])
     let logger: Logger
     let clock: LinkClock
     /// Where streams the peer opens are handed (the session's `incomingStreams`).

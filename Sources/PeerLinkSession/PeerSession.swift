@@ -423,6 +423,12 @@ public final class PeerSession: Sendable {
             maxQueuedDataBytes: channel.maxQueuedDataBytes)
     }
 
+    /// Streams the channel to `peer` keeps bookkeeping for: open ones, and ended ones the app
+    /// still holds (for tests and diagnostics); nil when the peer has no channel.
+    package func trackedStreamCount(for peer: PeerID) -> Int? {
+        core.withLock { $0.channels[peer.fingerprint] }?.streamCounts.tracked
+    }
+
     /// The channel to `peer` (its continuity and streams), for tests and diagnostics.
     package func channel(for peer: PeerID) -> PeerChannel? {
         core.withLock { $0.channels[peer.fingerprint] }

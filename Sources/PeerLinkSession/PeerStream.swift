@@ -46,6 +46,11 @@ public final class PeerStream: Sendable, Hashable, CustomStringConvertible {
         self.isOutgoing = isOutgoing
     }
 
+    /// The app let go of the stream: its bookkeeping goes once the stream is over both ways.
+    deinit {
+        channel.streamReleased(id)
+    }
+
     /// Queues `bytes` to the peer; suspends while the peer's receive window has no credit (or
     /// the queue of stream data waiting for a link is full). Returns once every byte is queued.
     ///

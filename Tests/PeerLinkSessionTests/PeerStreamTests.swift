@@ -101,6 +101,29 @@ struct PeerStreamTests {
         }
     }
 
+    @Test("a long-lived pair keeps no trace of 300 streams once they ended and the app let go of them")
+    func endedStreamsAreForgotten() async throws {
+        try await withConnectedPair { ana, bo in
+            async let served: Void = {
+                for _ in 0..<300 {
+                    let stream = try await bo.nextIncomingStream()
+                    for try await chunk in stream.chunks { try await stream.write(chunk) }
+                    try await stream.finish()
+                }
+            }()
+            for index in 0..<300 {
+                let stream = try await ana.session.openStream(named: "s\(index)", to: bo.peer)
+                try await stream.write([UInt8(index & 0xFF)])
+                try await stream.finish()
+                #expect(try await stream.readAll() == [UInt8(index & 0xFF)])
+            }
+            try await served
+            try await eventually("every stream forgotten at both ends") {
+                ana.session.trackedStreamCount(for: bo.peer) == 0 && bo.session.trackedStreamCount(for: ana.peer) == 0
+            }
+        }
+    }
+
     @Test("after FIN reads end with nil, writes are refused, and the other direction goes on")
     func halfClose() async throws {
         try await withConnectedPair { ana, bo in
