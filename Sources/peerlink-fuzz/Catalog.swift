@@ -52,17 +52,31 @@ enum Catalog {
         seeds: { [[4] + Record.framed([1, 2, 3]) + Record.framed([]), [0, 0, 5, 1, 2]] })
 
     static let frame = FuzzTarget(
-        name: "frame", summary: "frames and control messages in a record (Frame.decode)",
+        name: "frame", summary: "frames and control messages in a record (Frame.decodeRecord)",
         run: { bytes in
             _ = try? FrameHeader.decode(bytes[...])
-            guard let frame = try? Frame.decode(bytes) else { return }
-            guard let again = try? Frame.decode(frame.encoded()) else {
-                preconditionFailure("fuzz check failed: a decoded frame does not decode once re-encoded: \(frame)")
+            guard let frames = try? Frame.decodeRecord(bytes[...]) else { return }
+            // every frame encodes again with its sequence number (if it is sequenced)
+            var encoded: [UInt8] = []
+            for (frame, sequence) in frames {
+                guard let bytes = try? frame.encoded(sequence: sequence) else {
+                    preconditionFailure("fuzz check failed: a decoded frame does not encode: \(frame), sequence \(sequence.map(String.init) ?? "none")")
+                }
+                encoded += bytes
             }
-            if case .goAway = frame { return }  // reasons are escaped when decoded: not a fixed point
-            check(again == frame, "a frame changes in a round trip: \(frame) / \(again)")
+            guard let again = try? Frame.decodeRecord(encoded[...]), again.count == frames.count else {
+                preconditionFailure("fuzz check failed: decoded frames do not decode once re-encoded: \(frames.map(\.frame))")
+            }
+            for (before, after) in zip(frames, again) {
+                check(before.sequence == after.sequence, "a sequence number changes in a round trip: \(before) / \(after)")
+                if case .goAway = before.frame { continue }  // reasons are escaped when decoded: not a fixed point
+                check(before.frame == after.frame, "a frame changes in a round trip: \(before.frame) / \(after.frame)")
+            }
         },
-        seeds: { Fixtures.sampleFrames.map { try! $0.encoded() } })
+        seeds: {
+            let each = Fixtures.sampleFrames.enumerated().map { index, frame in Fixtures.encoded(frame, sequence: UInt64(index + 1)) }
+            return each + [each.joined().map { $0 }]  // a record of several frames too
+        })
 
     static let control = FuzzTarget(
         name: "control", summary: "session control messages (ControlMessage.decode)",
@@ -136,8 +150,9 @@ enum Catalog {
             }
         },
         seeds: {
-            [Fixtures.sampleFrames.reduce(into: [UInt8]()) { bytes, frame in
-                let record = Record.framed(try! frame.encoded())
+            [Fixtures.sampleFrames.enumerated().reduce(into: [UInt8]()) { bytes, item in
+                let (index, frame) = item
+                let record = Record.framed(Fixtures.encoded(frame, sequence: UInt64(index + 1)))
                 bytes += [UInt8(record.count - 1)] + record
             }]
         })
@@ -176,7 +191,7 @@ enum Catalog {
         },
         seeds: {
             [[Frame.data(stream: 1, flags: .syn, payload: Array("a".utf8)), .data(stream: 1, flags: [], payload: [1, 2]), .windowUpdate(stream: 2, flags: .ack, credit: 5),
-              .data(stream: 1, flags: .fin, payload: []), .data(stream: 3, flags: .rst, payload: Array("no".utf8))].reduce(into: [UInt8]()) { $0 += Record.framed(try! $1.encoded()) }]
+              .data(stream: 1, flags: .fin, payload: []), .data(stream: 3, flags: .rst, payload: Array("no".utf8))].reduce(into: [UInt8]()) { $0 += Record.framed(Fixtures.encoded($1)) }]
         })
 
     static let session = FuzzTarget(
@@ -200,7 +215,7 @@ enum Catalog {
             _ = machine.tick(at: now + .seconds(60))
             _ = machine.linkClosed(link, code: .normal, reason: "fuzz", at: now + .seconds(61))
         },
-        seeds: { [[1] + Fixtures.sampleFrames.reduce(into: [UInt8]()) { $0 += Record.framed(try! $1.encoded()) }] })
+        seeds: { [[1] + Fixtures.sampleFrames.reduce(into: [UInt8]()) { $0 += Record.framed(Fixtures.encoded($1)) }] })
 
     // MARK: - Files (resources)
 

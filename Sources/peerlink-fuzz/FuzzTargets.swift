@@ -68,6 +68,11 @@ struct FuzzInput {
 }
 
 enum Fixtures {
+    /// `frame`'s bytes, numbered `sequence` when its type is sequenced (link protocol 2).
+    static func encoded(_ frame: Frame, sequence: UInt64 = 1) -> [UInt8] {
+        try! frame.encoded(sequence: frame.type.isSequenced ? sequence : nil)
+    }
+
     static let service = try! ServiceType("chat")
     static let preface = try! LinkPreface(encryption: .optional, service: service)
     static let plainPreface = try! LinkPreface(encryption: .none, service: service)

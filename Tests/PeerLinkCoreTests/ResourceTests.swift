@@ -30,6 +30,10 @@ struct ResourceNameTests {
         ("c1\u{85}", "c1_"),
         ("gpj.\u{202E}exe", "gpj._exe"),  // a right-to-left override hides the real extension
         ("zero\u{200B}width", "zero_width"),
+        // a separator followed by a combining mark is one Character, and still separates (found by fuzzing)
+        ("x/\u{1BAA}", "\u{1BAA}"),
+        ("../\u{301}etc/passwd\u{301}", "passwd\u{301}"),
+        ("/\u{301}/", "\u{301}"),
     ])
     func sanitizes(_ offered: String, _ expected: String) {
         #expect(ResourceName.sanitized(offered) == expected)

@@ -17,8 +17,19 @@ public enum ResourceName {
     /// The safe form of `name` (see the type's description). Never empty, never `.` or `..`,
     /// never containing `/`, NUL or a control character, at most 255 bytes of UTF-8.
     public static func sanitized(_ name: String) -> String {
-        let component = name.split(whereSeparator: { $0 == "/" || $0 == "\\" }).last.map(String.init) ?? ""
-        var cleaned = String(String.UnicodeScalarView(component.unicodeScalars.map { isUnsafe($0) ? "_" : $0 }))
+        // The last non-empty component, split at scalars: a separator followed by a combining
+        // mark is one Character, and must still separate.
+        var component = String.UnicodeScalarView()
+        var last = String.UnicodeScalarView()
+        for scalar in name.unicodeScalars {
+            if scalar == "/" || scalar == "\\" {
+                if !component.isEmpty { last = component }
+                component = String.UnicodeScalarView()
+            } else {
+                component.append(isUnsafe(scalar) ? "_" : scalar)
+            }
+        }
+        var cleaned = String(component.isEmpty ? last : component)
         while let first = cleaned.unicodeScalars.first, first == "." || first.properties.isWhitespace {
             cleaned.unicodeScalars.removeFirst()
         }
