@@ -8,7 +8,9 @@
 #           stops only what this run started (and restarts an avahi a test left stopped)
 #        3. swift build --build-tests, then swift test --skip-build [arguments...] (without
 #           arguments: every suite but the avahi-daemon restarts and the 1 GiB transfers, which run alone after), then a
-#           few-second smoke run of the benchmark (peerlink-bench --smoke; loopback only)
+#           few-second smoke run of the benchmark (peerlink-bench --smoke; loopback only), the
+#           fuzz targets' committed corpus replayed and each target run for a few seconds
+#           (Hardware/fuzz.sh --seconds 3: libFuzzer and AddressSanitizer, its own build)
 #        4. the Bluetooth VM lab: Hardware/bluetooth-lab.sh --skip-build runs the Bluetooth suites
 #           in a QEMU VM with two virtual controllers (only when no arguments were given; it
 #           cannot run on a machine that is not x86-64: skipped there, a failure with CI=true)
@@ -22,6 +24,7 @@
 # Environment:
 #   PEERLINK_TEST_DRY_RUN=1  do steps 1 and 2 but skip the swift commands and the lab
 #   PEERLINK_SKIP_BTVM=1     skip the Bluetooth VM lab (and the install of its packages)
+#   PEERLINK_SKIP_FUZZ=1     skip the fuzz replay and run; PEERLINK_FUZZ_SECONDS=N: N s a target
 #   PEERLINK_SCRATCH_PATH    build directory (swift --scratch-path; default .build)
 #   CI=true                  print a short header of what runs
 set -euo pipefail
@@ -163,6 +166,17 @@ else
         bench=$(swift build "${scratch[@]}" --show-bin-path)/peerlink-bench
         say "benchmark smoke run: $bench --smoke"
         timeout 300 "$bench" --smoke || { test_rc=$?; say "benchmark smoke run failed (exit $test_rc)"; }
+    fi
+    # The decoders' fuzz targets: the committed corpus replayed (every input that once crashed
+    # one stays there), then each target for a few seconds under libFuzzer and AddressSanitizer.
+    if [ "$test_rc" = 0 ] && [ $# = 0 ] && [ "${PEERLINK_SKIP_FUZZ:-0}" != 1 ]; then
+        fuzz=$(swift build "${scratch[@]}" --show-bin-path)/peerlink-fuzz
+        say "fuzz corpus replay: $fuzz TARGET Tests/Fuzz/corpus/TARGET"
+        for target in $("$fuzz" --list | awk '{ print $1 }'); do
+            "$fuzz" "$target" "Tests/Fuzz/corpus/$target" >/dev/null || { test_rc=1; say "fuzz corpus replay failed: $target"; }
+        done
+        say "fuzz run: Hardware/fuzz.sh --seconds ${PEERLINK_FUZZ_SECONDS:-3}"
+        timeout 1200 bash "$HERE/fuzz.sh" --seconds "${PEERLINK_FUZZ_SECONDS:-3}" || { test_rc=$?; say "fuzz run failed (exit $test_rc)"; }
     fi
 fi
 
