@@ -234,6 +234,92 @@ struct HostilePeerTests {
         }
     }
 
+    @Test("a peer that floods pings and never reads has its link and its socket closed within the limits, while an honest peer talks")
+    func pingFloodWithoutReading() async throws {
+        var limits = ResourceLimits.default
+        limits.writeProgressTimeout = .seconds(2)
+        let log = TestLog()
+        let victim = try Self.node("victim", log: log, limits: limits)
+        let honest = try Self.node("honest", log: TestLog())
+        let port = try Self.port(of: victim)
+        try await withRunning([victim, honest]) {
+            let channel = try await TCPTransport().dial(.tcp(host: Self.loopback, port: port), timeout: .seconds(5))
+            defer { channel.close() }
+            var attacker = RawPeer(channel, name: "Flooder", expecting: nil)
+            #expect(try await attacker.handshake())
+            // Pings, each answered, never read: the answers fill the kernel's buffers, then the
+            // victim's writes stall. Bounded in count and time.
+            let deadline = ContinuousClock.now + .seconds(30)
+            var sent = 0
+            while sent < 400_000, ContinuousClock.now < deadline {
+                do {
+                    try await attacker.send(.ping(flags: [], opaque: UInt64(sent)))
+                } catch {
+                    break  // the victim closed the connection
+                }
+                sent += 1
+                if sent == 2000 { try await Self.honestExchange(victim, honest, count: 10, tag: "during the flood") }
+            }
+            try await eventually("only the honest peer's link left", within: .seconds(30)) { victim.session.resourceUsage().links == 1 }
+            // It ends by a limit: its writes stalled (code 11), or it had no session business (0).
+            let closings = log.all.filter { $0.message == "link closed" && "\($0.metadata["peer.name"] ?? "")" == "Flooder" }
+            #expect(
+                closings.contains { ["0", "11"].contains("\($0.metadata["link.close.code"] ?? "")") },
+                "after \(sent) pings: \(closings.map(\.metadata))")
+            // The victim closed the socket, not only the link: after what it had written, the end.
+            var ended = false
+            let drainDeadline = ContinuousClock.now + .seconds(20)
+            while ContinuousClock.now < drainDeadline {
+                guard let bytes = try? await channel.read(), !bytes.isEmpty else {
+                    ended = true
+                    break
+                }
+            }
+            #expect(ended, "the victim kept the socket open")
+            try await Self.honestExchange(victim, honest, count: 10, tag: "after the flood")
+        }
+    }
+
+    @Test("a peer that sends many messages in part is closed at the partial-message limit (code 11), while an honest peer talks")
+    func partialMessages() async throws {
+        let log = TestLog()
+        let victim = try Self.node("victim", log: log)
+        let honest = try Self.node("honest", log: TestLog())
+        let port = try Self.port(of: victim)
+        try await withRunning([victim, honest]) {
+            try await Self.honestExchange(victim, honest, count: 10, tag: "before")
+            let channel = try await TCPTransport().dial(.tcp(host: Self.loopback, port: port), timeout: .seconds(5))
+            defer { channel.close() }
+            var attacker = RawPeer(channel, name: "Hoarder", expecting: nil)
+            #expect(try await attacker.handshake())
+            try await eventually("the hoarder admitted", within: .seconds(10)) {
+                log.all.contains { $0.message == "link admitted to the session" && "\($0.metadata["peer.id"] ?? "")" != "\(honest.peer.fingerprint)" }
+            }
+            // 40 messages, each started and never finished: 16 KiB chunks round-robin, up to
+            // 48 MiB in all (the per-link limit is 32 MiB). Bounded in count and time.
+            let chunk = [UInt8](repeating: 0x5A, count: WireFormat.maxFramePayload)
+            let deadline = ContinuousClock.now + .seconds(30)
+            var sent = 0
+            sending: for _ in 0..<80 {
+                for id in 1...40 {
+                    guard ContinuousClock.now < deadline else { break sending }
+                    do {
+                        try await attacker.send(.message(id: UInt32(id), flags: .more, chunk: chunk))
+                    } catch {
+                        break sending  // the victim closed the connection
+                    }
+                    sent += chunk.count
+                }
+            }
+            try await eventually("the hoarder's link closed", within: .seconds(30)) {
+                log.all.contains { $0.message == "link closed" && "\($0.metadata["peer.name"] ?? "")" == "Hoarder" }
+            }
+            let closing = log.all.first { $0.message == "link closed" && "\($0.metadata["peer.name"] ?? "")" == "Hoarder" }
+            #expect("\(closing?.metadata["link.close.code"] ?? "")" == "11", "after \(sent >> 20) MiB: \(closing?.metadata ?? [:])")
+            try await Self.honestExchange(victim, honest, count: 10, tag: "after")
+        }
+    }
+
     @Test("a refusing verdict cannot reach the victim's terminal or log raw")
     func terminalInjection() async throws {
         let log = TestLog()
