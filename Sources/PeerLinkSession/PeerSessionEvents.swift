@@ -1,35 +1,33 @@
 import PeerLinkCore
 
-/// What a ``PeerSession`` tells the app, in order, for one consumer: iterate it with
-/// `for await event in session.events`. It finishes when ``PeerSession/run()`` returns.
-///
-/// Events wait here until the app takes them. Messages are counted per peer while they wait:
-/// over ``PeerLinkCore/ResourceLimits/maximumQueuedMessageBytesPerPeer`` the session holds that
-/// peer back (its reliable messages are no longer acknowledged, so it stops sending; its
-/// unreliable ones are dropped) until the app has taken half of them. An app that stops
-/// reading therefore holds up the peers that send to it, never its own memory.
-public struct PeerSessionEvents: AsyncSequence, Sendable {
-    public typealias Element = PeerSessionEvent
+/// Events for one consumer, in order, each counted as taken when the consumer takes it (the
+/// session holds back peers whose messages wait too long untaken; see ``PeerSessionEvents``).
+/// Iterate it with `for await event in …`; it finishes when its source is over.
+public struct EventSequence<Element: Sendable>: AsyncSequence, Sendable {
     public typealias Failure = Never
 
-    let base: AsyncStream<PeerSessionEvent>
-    /// Told of each event as the app takes it.
-    let taken: @Sendable (PeerSessionEvent) -> Void
+    let base: AsyncStream<Element>
+    /// Told of each event as the consumer takes it.
+    let taken: @Sendable (Element) -> Void
+
+    package init(base: AsyncStream<Element>, taken: @escaping @Sendable (Element) -> Void) {
+        self.base = base
+        self.taken = taken
+    }
 
     public struct AsyncIterator: AsyncIteratorProtocol {
-        public typealias Element = PeerSessionEvent
         public typealias Failure = Never
 
-        var base: AsyncStream<PeerSessionEvent>.Iterator
-        let taken: @Sendable (PeerSessionEvent) -> Void
+        var base: AsyncStream<Element>.Iterator
+        let taken: @Sendable (Element) -> Void
 
-        public mutating func next() async -> PeerSessionEvent? {
+        public mutating func next() async -> Element? {
             guard let event = await base.next() else { return nil }
             taken(event)
             return event
         }
 
-        public mutating func next(isolation actor: isolated (any Actor)?) async -> PeerSessionEvent? {
+        public mutating func next(isolation actor: isolated (any Actor)?) async -> Element? {
             guard let event = await base.next(isolation: actor) else { return nil }
             taken(event)
             return event
@@ -41,12 +39,22 @@ public struct PeerSessionEvents: AsyncSequence, Sendable {
     }
 
     /// The events as they come, not counted as taken when iterated: for a layer that passes them
-    /// on (``PeerSessionEvents/taken(_:)`` is then its to call, as its own consumer takes each).
-    package var uncounted: AsyncStream<PeerSessionEvent> { base }
+    /// on (``markTaken(_:)`` is then its to call, as its own consumer takes each).
+    package var uncounted: AsyncStream<Element> { base }
 
-    /// Counts `event` as taken by the app (see ``uncounted``).
-    package func markTaken(_ event: PeerSessionEvent) { taken(event) }
+    /// Counts `event` as taken by the consumer (see ``uncounted``).
+    package func markTaken(_ event: Element) { taken(event) }
 }
+
+/// What a ``PeerSession`` tells the app, in order, for one consumer: iterate it with
+/// `for await event in session.events`. It finishes when ``PeerSession/run()`` returns.
+///
+/// Events wait here until the app takes them. Messages are counted per peer while they wait:
+/// over ``PeerLinkCore/ResourceLimits/maximumQueuedMessageBytesPerPeer`` the session holds that
+/// peer back (its reliable messages are no longer acknowledged, so it stops sending; its
+/// unreliable ones are dropped) until the app has taken half of them. An app that stops
+/// reading therefore holds up the peers that send to it, never its own memory.
+public typealias PeerSessionEvents = EventSequence<PeerSessionEvent>
 
 extension PeerSession {
     /// A message event is about to wait for the app: counted on its peer's channel (which holds

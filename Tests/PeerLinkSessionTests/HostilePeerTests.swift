@@ -96,6 +96,11 @@ struct HostilePeerTests {
         }
     }
 
+    /// The victim's "link closed" log entries for the peer named `name`.
+    static func closings(of name: String, in log: TestLog) -> [TestLog.Entry] {
+        log.all.filter { $0.message == "link closed" && "\($0.metadata["peer.name"] ?? "")" == name }
+    }
+
     /// Samples the victim's links in their handshake while `body` runs; the largest count seen.
     static func sampleHandshaking(_ victim: SessionNode, during body: () async throws -> Void) async throws -> Int {
         final class Highest: Sendable { let value = Mutex(0) }
@@ -262,20 +267,12 @@ struct HostilePeerTests {
             }
             try await eventually("only the honest peer's link left", within: .seconds(30)) { victim.session.resourceUsage().links == 1 }
             // It ends by a limit: its writes stalled (code 11), or it had no session business (0).
-            let closings = log.all.filter { $0.message == "link closed" && "\($0.metadata["peer.name"] ?? "")" == "Flooder" }
+            let closings = Self.closings(of: "Flooder", in: log)
             #expect(
                 closings.contains { ["0", "11"].contains("\($0.metadata["link.close.code"] ?? "")") },
                 "after \(sent) pings: \(closings.map(\.metadata))")
             // The victim closed the socket, not only the link: after what it had written, the end.
-            var ended = false
-            let drainDeadline = ContinuousClock.now + .seconds(20)
-            while ContinuousClock.now < drainDeadline {
-                guard let bytes = try? await channel.read(), !bytes.isEmpty else {
-                    ended = true
-                    break
-                }
-            }
-            #expect(ended, "the victim kept the socket open")
+            #expect(await readsToTheEnd(channel, within: .seconds(20)), "the victim kept the socket open")
             try await Self.honestExchange(victim, honest, count: 10, tag: "after the flood")
         }
     }
@@ -311,10 +308,8 @@ struct HostilePeerTests {
                     sent += chunk.count
                 }
             }
-            try await eventually("the hoarder's link closed", within: .seconds(30)) {
-                log.all.contains { $0.message == "link closed" && "\($0.metadata["peer.name"] ?? "")" == "Hoarder" }
-            }
-            let closing = log.all.first { $0.message == "link closed" && "\($0.metadata["peer.name"] ?? "")" == "Hoarder" }
+            try await eventually("the hoarder's link closed", within: .seconds(30)) { !Self.closings(of: "Hoarder", in: log).isEmpty }
+            let closing = Self.closings(of: "Hoarder", in: log).first
             #expect("\(closing?.metadata["link.close.code"] ?? "")" == "11", "after \(sent >> 20) MiB: \(closing?.metadata ?? [:])")
             try await Self.honestExchange(victim, honest, count: 10, tag: "after")
         }

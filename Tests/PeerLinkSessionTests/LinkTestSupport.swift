@@ -180,3 +180,19 @@ struct RawPeer {
         return established
     }
 }
+
+/// Reads `channel` until its end of stream (what was written before is dropped): true when the
+/// other side closed it within `bound`; false otherwise (the channel is closed then, which ends
+/// the read).
+func readsToTheEnd(_ channel: any LinkChannel, within bound: Duration) async -> Bool {
+    let timedOut = Latch()
+    let timer = Task {
+        try? await Task.sleep(for: bound)
+        timedOut.fire()
+        channel.close()
+    }
+    defer { timer.cancel() }
+    while true {
+        guard let bytes = try? await channel.read(), !bytes.isEmpty else { return !timedOut.isFired }
+    }
+}

@@ -83,15 +83,7 @@ struct TCPLinkTests {
             try await group.waitForAll()
         }
         // The socket is closed too, not only the link: after what was written, the end.
-        var ended = false
-        let deadline = ContinuousClock.now + .seconds(20)
-        while ContinuousClock.now < deadline {
-            guard let bytes = try? await dialed.read(), !bytes.isEmpty else {
-                ended = true
-                break
-            }
-        }
-        #expect(ended, "the stalled link's socket stayed open")
+        #expect(await readsToTheEnd(dialed, within: .seconds(20)), "the stalled link's socket stayed open")
     }
 
     /// What a hostile client does once connected.

@@ -476,35 +476,6 @@ final class NodeTrust: Sendable {
 }
 
 /// What a ``PeerNode`` tells the app, in order, for one consumer: iterate it with
-/// `for await event in node.events`. It finishes when the node's session is over.
-public struct PeerNodeEvents: AsyncSequence, Sendable {
-    public typealias Element = PeerNodeEvent
-    public typealias Failure = Never
-
-    let base: AsyncStream<PeerNodeEvent>
-    let taken: @Sendable (PeerNodeEvent) -> Void
-
-    public struct AsyncIterator: AsyncIteratorProtocol {
-        public typealias Element = PeerNodeEvent
-        public typealias Failure = Never
-
-        var base: AsyncStream<PeerNodeEvent>.Iterator
-        let taken: @Sendable (PeerNodeEvent) -> Void
-
-        public mutating func next() async -> PeerNodeEvent? {
-            guard let event = await base.next() else { return nil }
-            taken(event)
-            return event
-        }
-
-        public mutating func next(isolation actor: isolated (any Actor)?) async -> PeerNodeEvent? {
-            guard let event = await base.next(isolation: actor) else { return nil }
-            taken(event)
-            return event
-        }
-    }
-
-    public func makeAsyncIterator() -> AsyncIterator {
-        AsyncIterator(base: base.makeAsyncIterator(), taken: taken)
-    }
-}
+/// `for await event in node.events`. It finishes when the node's session is over. A session
+/// event counts as taken (``PeerLinkSession/PeerSessionEvents``) when the app takes it here.
+public typealias PeerNodeEvents = EventSequence<PeerNodeEvent>
