@@ -134,14 +134,15 @@ public struct IncomingFile: Sendable {
     private func run(_ transfer: FileTransfer, base: String) async throws -> TransferOutcome {
         let directory = receiver.directory
         guard PosixFile.isDirectory(directory) else {
-            let failure = FileErrors.writing(directory, SystemError("stat", errno: ENOENT))
-            await decline(reason: "the receiver cannot save files: \(failure.message)")
-            throw failure
+            let error = SystemError("stat", errno: ENOENT)
+            await decline(reason: FileErrors.toSender(error))
+            throw FileErrors.writing(directory, error)
         }
         if receiver.collision == .refuse, PosixFile.exists(receiver.path(name)) {
-            let text = "a file named \(name) exists in \(directory): the receiver keeps it; remove or rename it there, or receive without refusing existing names, then send again"
-            await decline(reason: text)
-            throw TransferFailure(.fileSystem, text)
+            await decline(reason: "the receiver has a file named \(name) and keeps it: send the file again once it was moved or renamed there")
+            throw TransferFailure(
+                .fileSystem,
+                "a file named \(name) exists in \(directory): it is kept; remove or rename it, or receive without refusing existing names, then have the file sent again")
         }
         let partPath = base + ResumeBook.partSuffix
         let metaPath = base + ResumeBook.metaSuffix
@@ -178,9 +179,8 @@ public struct IncomingFile: Sendable {
             }
             try part.sync()
         } catch {
-            let failure = FileErrors.writing(directory, error)
-            await decline(reason: "the receiver cannot save files: \(failure.message)")
-            throw failure
+            await decline(reason: FileErrors.toSender(error))
+            throw FileErrors.writing(directory, error)
         }
         defer { part.close() }
 
@@ -202,10 +202,9 @@ public struct IncomingFile: Sendable {
                 do {
                     try part.write(bytes, at: position)
                 } catch {
-                    let failure = FileErrors.writing(directory, error)
-                    try? await channel.send(.verdict(.error(failure.message)))
+                    try? await channel.send(.verdict(.error(FileErrors.toSender(error))))
                     try? await channel.finish()
-                    throw failure
+                    throw FileErrors.writing(directory, error)
                 }
                 hasher.update(data: bytes)
                 position += UInt64(bytes.count)
@@ -233,9 +232,10 @@ public struct IncomingFile: Sendable {
             // Flushing a large file can take seconds: on a thread of its own, not the pool's.
             try await runBlocking("peerlink-fsync") { try part.sync() }
         } catch {
-            let failure = (error as? SystemError).map { FileErrors.writing(directory, $0) }
+            let systemError = error as? SystemError
+            let failure = systemError.map { FileErrors.writing(directory, $0) }
                 ?? TransferFailure(.fileSystem, "cannot write to \(directory): \(error)")
-            try? await channel.send(.verdict(.error(failure.message)))
+            try? await channel.send(.verdict(.error(systemError.map(FileErrors.toSender) ?? "the receiver could not write the file: send it again later")))
             throw failure
         }
         let destination: String

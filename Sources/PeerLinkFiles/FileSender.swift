@@ -258,6 +258,23 @@ enum FileErrors {
         }
     }
 
+    /// What the sender is told when the receiver cannot write: the receiver's paths stay with
+    /// the receiver, and the text says what happens next from the sender's side.
+    static func toSender(_ error: SystemError) -> String {
+        switch error.errno {
+        case ENOSPC, EDQUOT:
+            "the receiver's disk is full: send the file again once it has made room (what arrived is kept and the transfer resumes)"
+        case EACCES, EPERM:
+            "the receiver may not write to its download directory: send the file again once it receives into another one"
+        case EROFS:
+            "the receiver's download directory is on a read-only file system: send the file again once it receives into another one"
+        case ENOENT, ENOTDIR:
+            "the receiver's download directory does not exist: send the file again once it has created it or chosen another one"
+        default:
+            "the receiver could not write the file (\(String(cString: strerror(error.errno)))): send it again later"
+        }
+    }
+
     static func writing(_ directory: String, _ error: SystemError) -> TransferFailure {
         switch error.errno {
         case ENOSPC, EDQUOT:

@@ -232,10 +232,13 @@ struct FileTransferTests {
         let sending = FileSender().send(try await OutgoingFile.prepare(path: path), to: FileLab.bob, open: lab.open)
         let failure = try #require(await sending.failure())
         #expect(failure.kind == .declined)
-        #expect(failure.message.contains("a file named notes.txt exists"))
+        #expect(failure.message.contains("the receiver has a file named notes.txt and keeps it"), "\(failure.message)")
+        #expect(!failure.message.contains(lab.directory), "the receiver's path reached the sender")
         var iterator = lab.received.makeAsyncIterator()
         let receiving = try #require(await iterator.next())
-        #expect(await receiving.failure()?.kind == .fileSystem)
+        let local = try #require(await receiving.failure())
+        #expect(local.kind == .fileSystem)
+        #expect(local.message.contains("a file named notes.txt exists in \(lab.directory)"), "\(local.message)")
         #expect(try lab.files() == ["notes.txt"])
     }
 
@@ -288,8 +291,13 @@ struct FileTransferTests {
         let sending = FileSender().send(try await OutgoingFile.prepare(path: path), to: FileLab.bob, open: lab.open)
         let failure = try #require(await sending.failure())
         #expect(failure.kind == .declined)
-        #expect(failure.message.contains("permission denied"), "\(failure.message)")
-        #expect(failure.message.contains("--dir"), "says what to do: \(failure.message)")
+        #expect(failure.message.contains("the receiver may not write to its download directory"), "\(failure.message)")
+        #expect(!failure.message.contains(directory), "the receiver's path reached the sender: \(failure.message)")
+        // The receiver's own failure names the directory and says what to do.
+        var iterator = lab.received.makeAsyncIterator()
+        let local = try #require(await iterator.next()?.failure())
+        #expect(local.message.contains("permission denied"), "\(local.message)")
+        #expect(local.message.contains("--dir"), "says what to do: \(local.message)")
     }
 
     @Test func missingDirectoryIsAClearError() async throws {
@@ -297,7 +305,10 @@ struct FileTransferTests {
         let (path, _) = try FileLab.makeFile(size: 10)
         let sending = FileSender().send(try await OutgoingFile.prepare(path: path), to: FileLab.bob, open: lab.open)
         let failure = try #require(await sending.failure())
-        #expect(failure.message.contains("is not an existing directory"))
+        #expect(failure.message.contains("the receiver's download directory does not exist"), "\(failure.message)")
+        var iterator = lab.received.makeAsyncIterator()
+        let local = try #require(await iterator.next()?.failure())
+        #expect(local.message.contains("is not an existing directory"), "\(local.message)")
     }
 
     @Test func declineReachesTheSender() async throws {
