@@ -154,34 +154,49 @@ public struct IncomingFile: Sendable {
             PosixFile.remove(partPath)
             PosixFile.remove(metaPath)
         }
-        var offset = decision.offset
-        let part: PosixFile
-        var hasher = SHA256()
-        do throws(SystemError) {
-            part = try PosixFile.openForUpdate(partPath)
-            if offset == 0 {
-                try part.truncate(to: 0)
-                try PosixFile.write(ResumeBook.record(for: offer), to: metaPath)
-            } else {
-                // Re-hash the kept prefix; a prefix that cannot be read is dropped.
-                var position: UInt64 = 0
-                while position < offset {
-                    let chunk = try part.read(at: position, count: Int(min(1 << 20, offset - position)))
-                    if chunk.isEmpty { break }
-                    hasher.update(data: chunk)
-                    position += UInt64(chunk.count)
+        // Opening, and re-hashing what is kept (up to the whole file, seconds for a large one),
+        // on a thread of its own, not one of the few cooperative ones.
+        let kept = decision.offset
+        let opened: (part: PosixFile, offset: UInt64, hasher: SHA256)
+        do {
+            opened = try await runBlocking("peerlink-resume") { () throws -> (PosixFile, UInt64, SHA256) in
+                let part = try PosixFile.openForUpdate(partPath)
+                var offset = kept
+                var hasher = SHA256()
+                do {
+                    if offset == 0 {
+                        try part.truncate(to: 0)
+                        try PosixFile.write(ResumeBook.record(for: offer), to: metaPath)
+                    } else {
+                        // Re-hash the kept prefix; a prefix that cannot be read is dropped.
+                        var position: UInt64 = 0
+                        while position < offset {
+                            let chunk = try part.read(at: position, count: Int(min(1 << 20, offset - position)))
+                            if chunk.isEmpty { break }
+                            hasher.update(data: chunk)
+                            position += UInt64(chunk.count)
+                        }
+                        if position < offset {
+                            offset = 0
+                            hasher = SHA256()
+                            try part.truncate(to: 0)
+                        }
+                    }
+                    try part.sync()
+                } catch {
+                    part.close()
+                    throw error
                 }
-                if position < offset {
-                    offset = 0
-                    hasher = SHA256()
-                    try part.truncate(to: 0)
-                }
+                return (part, offset, hasher)
             }
-            try part.sync()
         } catch {
+            let error = error as? SystemError ?? SystemError("open", errno: EIO)
             await decline(reason: FileErrors.toSender(error))
             throw FileErrors.writing(directory, error)
         }
+        let part = opened.part
+        let offset = opened.offset
+        var hasher = opened.hasher
         defer { part.close() }
 
         try await channel.send(.accept(offset: offset))
