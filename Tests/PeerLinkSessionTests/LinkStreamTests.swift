@@ -95,13 +95,14 @@ struct LinkSchedulingTests {
             channel: accepted, role: .listener, identity: server, preface: LinkFixture.preface(), hello: LinkFixture.hello("Bo"),
             logger: log.logger)
         try await withThrowingTaskGroup(of: Void.self) { group in
+            defer { dialed.close() }  // a failed step ends the link, and with it the tasks
             group.addTask { await link.run() }
             var peer = RawPeer(dialed, name: "Reader", expecting: server)
             #expect(try await peer.handshake())
             let (channel, _) = try await attachChannel(to: link, local: server, log: log)
             let opening = Task { try await channel.openStream(named: "bulk") }
             // The SYN, then an accept with credit for the whole transfer.
-            while !peer.frames.contains(where: { if case .data = $0 { true } else { false } }) { #expect(try await peer.readOnce()) }
+            while !peer.frames.contains(where: { if case .data = $0 { true } else { false } }) { try #require(await peer.readOnce(), "the link ended: \(String(describing: peer.events.last))") }
             guard case .data(let id, .syn, let name)? = peer.frames.first(where: { if case .data = $0 { true } else { false } }) else {
                 Issue.record("expected a SYN, got \(peer.events)")
                 dialed.close()
@@ -122,14 +123,14 @@ struct LinkSchedulingTests {
             // Let the transfer run for a while, then queue a message.
             var dataFrames = 0
             while dataFrames < 40 {
-                #expect(try await peer.readOnce())
+                try #require(await peer.readOnce(), "the link ended: \(String(describing: peer.events.last))")
                 dataFrames = peer.frames.count { if case .data(_, [], _) = $0 { true } else { false } }
             }
             let chat = Frame.message(id: 1, flags: [], chunk: Array("chat".utf8))
             let sending = Task { try await link.send(chat) }
             let before = peer.frames.count
             while !peer.frames.contains(chat) {
-                #expect(try await peer.readOnce())
+                try #require(await peer.readOnce(), "the link ended: \(String(describing: peer.events.last))")
             }
             try await sending.value
             let overtaken = peer.frames[before...].count { if case .data = $0 { true } else { false } }
