@@ -96,18 +96,19 @@ struct ContinuityRuntimeTests {
                 return bytes
             }
 
-            // Upgrade: discovery finds the peer on TCP too. Within 5 s both are on it.
+            // Upgrade: discovery finds the peer on TCP too. Both are on it soon (a dial and a
+            // handshake: well under a second here; the bounds leave room for a sanitizer build).
             try await Task.sleep(for: .milliseconds(300))
             let foundAt = ContinuousClock.now
             Self.update(ana, bo, at: bo.allEndpoints)
             Self.update(bo, ana, at: ana.allEndpoints)
-            try await ana.node.log.wait("Ana: Bo now on TCP", within: .seconds(10)) { events in
+            try await ana.node.log.wait("Ana: Bo now on TCP", within: .seconds(30)) { events in
                 Self.transportChanges(events, about: bo.node.peer).contains("tcp")
             }
-            try await bo.node.log.wait("Bo: Ana now on TCP", within: .seconds(10)) { events in
+            try await bo.node.log.wait("Bo: Ana now on TCP", within: .seconds(30)) { events in
                 Self.transportChanges(events, about: ana.node.peer).contains("tcp")
             }
-            #expect(ContinuousClock.now - foundAt < .seconds(5), "upgraded \(ContinuousClock.now - foundAt) after TCP was found")
+            #expect(ContinuousClock.now - foundAt < .seconds(15), "upgraded \(ContinuousClock.now - foundAt) after TCP was found")
             #expect(await ana.node.session.info(for: bo.node.peer)?.transport == "tcp")
 
             // Failover: TCP goes away under them (listeners closed, the link's socket shut): the
@@ -169,7 +170,8 @@ struct ContinuityRuntimeTests {
             if let link = ana.node.session.channel(for: bo.node.peer)?.activeLink { link.channel.close() }
             try await ana.node.log.wait("Ana sees Bo leave", within: .seconds(30)) { $0.state(of: bo.node.peer) == .notConnected }
             bo.node.kill.fire()
-            #expect(ContinuousClock.now - cutAt < .seconds(5), "left \(ContinuousClock.now - cutAt) after the cut")
+            // at once: well before the 30 s grace would have ended (a few seconds under a sanitizer)
+            #expect(ContinuousClock.now - cutAt < .seconds(15), "left \(ContinuousClock.now - cutAt) after the cut")
         }
     }
 
