@@ -151,8 +151,10 @@ private func identityFile(_ fields: String) -> Data { Data("{\(fields)}".utf8) }
 
 @Suite("Identity: a Curve25519 key pair and its file")
 struct IdentityTests {
-    static let aliceFile = identityFile(
-        #""format": "peerlink-identity", "version": 1, "privateKey": "\#(KnownKeys.alicePrivateBase64)", "publicKey": "\#(KnownKeys.alicePublicBase64)""#)
+    static var aliceFile: Data {
+        identityFile(
+            #""format": "peerlink-identity", "version": 1, "privateKey": "\#(KnownKeys.alicePrivateBase64)", "publicKey": "\#(KnownKeys.alicePublicBase64)""#)
+    }
 
     @Test func generatedIdentitySurvivesItsFile() throws {
         let identity = Identity.generate()
