@@ -13,7 +13,7 @@ struct EventBackPressureTests {
     static let chunk = 64 * 1024
     static let count = 200  // 12.5 MiB: more than the limit and the sender's 4 MiB window together
 
-    @Test("a peer whose messages the app does not take is held back within its window; the others are not; nothing is lost once it reads")
+    @Test("a peer whose messages the app does not take is held back within its window, across a link failure; the others are not; nothing is lost once it reads")
     func heldBackThenDelivered() async throws {
         var limits = ResourceLimits.default
         limits.maximumQueuedMessageBytesPerPeer = Self.limit
@@ -49,6 +49,9 @@ struct EventBackPressureTests {
             let bound = Self.limit + Self.chunk + Continuity.Policy.default.maxRetainedBytes + WireFormat.maxFramePayload + 64
             #expect(queued <= bound, "\(queued) bytes queued for the app; bound \(bound)")
             #expect(queued < Self.count * Self.chunk, "everything arrived: the flooder was not held back")
+            // The flooder's link fails while it is held back: the pair comes back on a new link,
+            // still held, and still nothing is lost.
+            reader.session.channel(for: flooder.peer)?.activeLink?.channel.close()
             // Another peer's messages still arrive while the flooder is held back.
             for index in 1...20 { try await chatter.session.send(Array("chatter \(index)".utf8), to: [reader.peer]) }
             try await eventually("the chatter's messages queued for the app", within: .seconds(20)) {
@@ -57,7 +60,7 @@ struct EventBackPressureTests {
             // The app reads: every message arrives, once and in order.
             let reading = Task { await reader.log.record(reader.session.events) }
             defer { reading.cancel() }
-            try await reader.log.wait("every message from the flooder", within: .seconds(60)) {
+            try await reader.log.wait("every message from the flooder", within: .seconds(120)) {
                 $0.messages(from: flooder.peer).filter { $0.count == Self.chunk }.count >= Self.count
             }
             let received = reader.log.events.messages(from: flooder.peer).filter { $0.count == Self.chunk }

@@ -313,7 +313,9 @@ struct HostilePeerTests {
             }
             try await eventually("the hoarder's link closed", within: .seconds(30)) { !Self.closings(of: "Hoarder", in: log).isEmpty }
             let closing = Self.closings(of: "Hoarder", in: log).first
-            #expect("\(closing?.metadata["link.close.code"] ?? "")" == "11", "after \(sent >> 20) MiB: \(closing?.metadata ?? [:])")
+            // Closed by a limit: the partial-message limit (11); on a slow (sanitizer) build the
+            // 10 s a peer may stay without session business (0) may come first.
+            #expect(["11", "0"].contains("\(closing?.metadata["link.close.code"] ?? "")"), "after \(sent >> 20) MiB: \(closing?.metadata ?? [:])")
             try await Self.honestExchange(victim, honest, count: 10, tag: "after")
         }
     }
