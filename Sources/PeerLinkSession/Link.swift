@@ -345,6 +345,7 @@ public final class Link: Sendable {
     /// the link closed, it keeps reading (the machine discards) until the channel ends.
     private func readLoop() async {
         while true {
+            await waitForEarlyRoom()
             let bytes: [UInt8]
             do {
                 bytes = try await channel.read()
@@ -369,6 +370,20 @@ public final class Link: Sendable {
             if let waiter = state.readerEndWaiter {
                 state.outbox.add { waiter.resume() }
                 state.readerEndWaiter = nil
+            }
+        }
+    }
+
+    /// Returns once the link may read on: at once, unless ``maxEarlyBytes`` wait for a channel
+    /// that is not attached yet; then when it is attached or the link closes.
+    private func waitForEarlyRoom() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            state.withLock { state in
+                if state.channel == nil, state.closure == nil, state.earlyBytes >= Self.maxEarlyBytes {
+                    state.earlyRoomWaiter = continuation
+                } else {
+                    continuation.resume()
+                }
             }
         }
     }
@@ -677,6 +692,10 @@ public final class Link: Sendable {
                     state.outbox.add { channel.deliverPending() }
                 }
                 state.early = []
+                if let waiter = state.earlyRoomWaiter {
+                    state.earlyRoomWaiter = nil
+                    state.outbox.add { waiter.resume() }
+                }
                 state.outbox.add {
                     self.eventSink.yield(.closed(code: closure.code, reason: closure.reason, byPeer: closure.byPeer))
                     self.eventSink.finish()
@@ -748,9 +767,13 @@ public final class Link: Sendable {
 
     // MARK: - The channel
 
-    /// The most bytes of sequenced frames a link holds for its channel before the channel is
-    /// attached (the session attaches it right after admitting the peer).
+    /// Bytes of sequenced frames a link holds for its channel before the channel is attached
+    /// (the session attaches it right after admitting the peer): beyond them it reads no more
+    /// until then. A peer coming back on a new link writes again everything not acknowledged
+    /// (up to its 4 MiB window) at once, so this is back pressure, not an error.
     static let maxEarlyBytes = 1024 * 1024
+    /// … and what one read past that may bring: more than both together is a protocol error.
+    static let maxEarlyOverrun = 1024 * 1024
 
     /// Input for the channel: a sequenced frame, or the peer's `ACK`.
     enum ChannelInput {
@@ -771,6 +794,10 @@ public final class Link: Sendable {
             let early = state.early
             state.early = []
             state.earlyBytes = 0
+            if let waiter = state.earlyRoomWaiter {
+                state.earlyRoomWaiter = nil
+                state.outbox.add { waiter.resume() }
+            }
             var logs: [LogEntry] = []
             for input in early { logs += route(input, in: &state) }
             state.outbox.add { channel.deliverPending() }
@@ -805,11 +832,11 @@ public final class Link: Sendable {
             case .acknowledgment: size = 8
             }
             state.earlyBytes += size
-            guard state.earlyBytes <= Self.maxEarlyBytes else {
+            guard state.earlyBytes <= Self.maxEarlyBytes + Self.maxEarlyOverrun else {
                 return apply(
                     state.machine.close(
                         code: .protocolError,
-                        reason: "over \(Self.maxEarlyBytes) bytes of frames arrived before the session admitted the peer"),
+                        reason: "over \(Self.maxEarlyBytes + Self.maxEarlyOverrun) bytes of frames arrived before the session admitted the peer"),
                     to: &state, from: .read)
             }
             state.early.append(input)
@@ -861,6 +888,8 @@ public final class Link: Sendable {
         /// What arrived for the channel before it was attached (at most ``Link/maxEarlyBytes``).
         var early: [ChannelInput] = []
         var earlyBytes = 0
+        /// The reader, waiting for the channel (``Link/maxEarlyBytes`` arrived before it).
+        var earlyRoomWaiter: CheckedContinuation<Void, Never>?
 
         /// Bytes for the writer, in order.
         var queue: [[UInt8]] = []

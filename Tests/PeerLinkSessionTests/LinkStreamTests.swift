@@ -18,6 +18,53 @@ func attachChannel(to link: Link, local: Identity, log: TestLog) async throws ->
 
 @Suite("Link streams against a peer driven by hand", .timeLimit(.minutes(1)))
 struct LinkStreamTests {
+    @Test("3 MiB of message frames that arrive before the channel is attached (a peer resending its window on a new link) wait for it: nothing lost, no error")
+    func earlyFramesWaitForTheChannel() async throws {
+        let log = TestLog()
+        let network = MemoryNetwork()
+        let listener = try network.listen(name: "bo")
+        defer { listener.close() }
+        let dialed = try await network.transport.dial(.memory(name: "bo"), timeout: .seconds(1))
+        let accepted = try await listener.accept()
+        let server = Identity.generate()
+        let link = Link(
+            channel: accepted, role: .listener, identity: server, preface: LinkFixture.preface(), hello: LinkFixture.hello("Bo"),
+            logger: log.logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            defer { dialed.close() }
+            group.addTask { await link.run() }
+            var peer = RawPeer(dialed, name: "Ana", expecting: server)
+            #expect(try await peer.handshake())
+            // 3 MiB of chunks of one message, written before the session took the link.
+            let chunk = [UInt8](repeating: 0x42, count: WireFormat.maxFramePayload)
+            let count = 3 * 1024 * 1024 / chunk.count
+            let writer = Task { [peer] in
+                var peer = peer
+                for index in 0..<count {
+                    try await peer.send(.message(id: 1, flags: index == count - 1 ? [] : .more, chunk: chunk))
+                }
+            }
+            try await Task.sleep(for: .milliseconds(500))
+            #expect(link.closure == nil, "the link closed before the channel was attached: \(String(describing: link.closure))")
+            _ = try await attachChannel(to: link, local: server, log: log)
+            var events = link.events.makeAsyncIterator()
+            var received = 0
+            while received < count, let event = await events.next() {
+                guard case .frame(.message(1, _, let bytes)) = event else {
+                    Issue.record("unexpected \(event)")
+                    break
+                }
+                #expect(bytes == chunk)
+                received += 1
+            }
+            #expect(received == count)
+            try await writer.value
+            #expect(link.closure == nil)
+            link.close(code: .normal, reason: "done")
+            try await group.waitForAll()
+        }
+    }
+
     @Test("a peer that sends more than the window gets GO_AWAY 1; the bytes within it can still be read")
     func windowViolationClosesTheLink() async throws {
         let log = TestLog()
