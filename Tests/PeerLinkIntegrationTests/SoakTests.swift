@@ -336,18 +336,7 @@ struct SoakTests {
                     lost += missing.count
                     let events = receiver.chat.timedStdoutLines.filter { $0.text.hasPrefix("* H\(sender.host) ") }.map { "\($0.text) at +\(start.duration(to: $0.time))" }
                     let comment: Comment = "H\(receiver.host) never printed \(missing.count) of \(sender.typed.count) lines of H\(sender.host)#\(sender.number) (started +\(start.duration(to: sender.started)), first line +\(sender.typed.first.map { "\(start.duration(to: $0.at))" } ?? "-")): \(missing.prefix(20)); its events about H\(sender.host): \(events)"
-                    if sender.number >= 3 {
-                        // Known bug found by this soak: a peer whose chat is restarted a second
-                        // time may be "connected" on its side while a peer that ran throughout
-                        // keeps it out of the session on the same link (no "peer connected"
-                        // there) for up to ~40 s, until a later link; what the restarted peer
-                        // sends meanwhile is lost. Recorded as a known issue until it is fixed.
-                        withKnownIssue("issue 11 soak: lines of a twice-restarted peer lost", isIntermittent: true) {
-                            #expect(missing.isEmpty, comment)
-                        }
-                    } else {
-                        #expect(missing.isEmpty, comment)
-                    }
+                    #expect(missing.isEmpty, comment)
                 }
             }
 
