@@ -204,7 +204,18 @@ struct SoakTests {
                 }
                 // Cut a cable, plug it back.
                 if let active = cut, now >= active.until {
-                    try await lab.control("heal", String(active.host))
+                    // `heal` sets the bridge port's state right after bringing it up; the kernel
+                    // may still answer "Network is down" then (seen once in 600 s): try again.
+                    var attempt = 0
+                    while true {
+                        do {
+                            try await lab.control("heal", String(active.host))
+                            break
+                        } catch where attempt < 10 {
+                            attempt += 1
+                            try await Task.sleep(for: .milliseconds(300))
+                        }
+                    }
                     cut = nil
                     nextCut = ContinuousClock.now + seconds(10...15)
                 } else if cut == nil, running, now >= nextCut, case .none = restart {
