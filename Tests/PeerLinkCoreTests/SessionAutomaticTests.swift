@@ -142,4 +142,36 @@ struct SessionAutomaticTests {
         #expect(net.invitationsReceived(large).isEmpty, "automatic invitations are accepted without asking")
         #expect(net.results(small).isEmpty, "automatic invitations report no result")
     }
+
+    /// A peer whose process restarts again and again (a new incarnation each time) is a member
+    /// on both sides each time, and what it sends arrives (found by the soak test: the second
+    /// restart's invitation was answered from the record of the first one's).
+    @Test(arguments: [1, 2, 3] as [UInt64])
+    func aPeerRestartedAgainAndAgainIsAMemberOnBothSides(seed: UInt64) throws {
+        var net = try SessionNet(["ann", "bob", "cid"], policy: Self.automatic, seed: seed)
+        for node in net.nodes.indices { net.incarnations[node] = .random() }
+        net.discoverEveryone()
+        net.run()
+        for round in 1...3 {
+            for node in net.nodes.indices {
+                try net.restart(node, policy: Self.automatic)
+                net.run()
+                net.advance(by: .seconds(5), tickEvery: .milliseconds(250))
+                net.run()
+                let others = Set(net.nodes.indices).subtracting([node])
+                #expect(net.connected(node) == others, "round \(round), node \(node) restarted: it sees \(net.connected(node))")
+                for other in others {
+                    #expect(net.connected(other).contains(node), "round \(round): node \(other) does not see node \(node) restarted")
+                }
+                let text = Array("round \(round) from \(node)".utf8)
+                try net.send(node, text, to: Array(others))
+                net.run()
+                for other in others {
+                    #expect(
+                        net.received(other).contains { $0.from == node && $0.data == text },
+                        "round \(round): node \(other) did not get the message of node \(node) restarted")
+                }
+            }
+        }
+    }
 }

@@ -90,6 +90,8 @@ struct SessionNet {
     var discoveries: [(node: Int, found: Int)] = []
     var closes: [Close] = []
     var controlLog: [ControlDelivery] = []
+    /// The incarnation each node's hellos carry (none: the links say nothing of it).
+    var incarnations: [Int: Incarnation] = [:]
     var stepsTaken = 0
 
     init(_ names: [String], policy: SessionPolicy = .default, seed: UInt64 = 1, policies: [Int: SessionPolicy] = [:]) throws {
@@ -239,7 +241,8 @@ struct SessionNet {
             apply(
                 connection.dialer.node,
                 nodes[connection.dialer.node].machine.linkEstablished(
-                    connection.dialer.link, peer: peer(connection.listener.node), dialedLocally: true, at: now))
+                    connection.dialer.link, peer: peer(connection.listener.node), dialedLocally: true,
+                    incarnation: incarnations[connection.listener.node], at: now))
         case .discover(let index):
             let discovery = discoveries.remove(at: index)
             found(discovery.node, discovery.found)
@@ -274,7 +277,10 @@ struct SessionNet {
     private mutating func deliver(_ item: Item, to end: End, from other: End, connection index: Int) {
         switch item {
         case .established:
-            apply(end.node, nodes[end.node].machine.linkEstablished(end.link, peer: peer(other.node), dialedLocally: false, at: now))
+            apply(
+                end.node,
+                nodes[end.node].machine.linkEstablished(
+                    end.link, peer: peer(other.node), dialedLocally: false, incarnation: incarnations[other.node], at: now))
         case .frame(let frame):
             if droppedFrames.contains([other.node, end.node]) { return }
             if case .control(let message) = frame { controlLog.append(ControlDelivery(from: other.node, to: end.node, message: message)) }
@@ -310,6 +316,24 @@ struct SessionNet {
 
     mutating func disconnect(_ node: Int) {
         apply(node, nodes[node].machine.disconnect(at: now))
+    }
+
+    /// Node `node`'s process restarts: it leaves (`GO_AWAY` 0 on every link), a fresh machine
+    /// with the same identity and a new incarnation takes its place, the others' discovery loses
+    /// it and finds it again, and it finds them.
+    mutating func restart(_ node: Int, policy: SessionPolicy) throws {
+        disconnect(node)
+        run()
+        let session = SessionID(bytes: [UInt8](repeating: UInt8(node + 1), count: 16))!
+        nodes[node].machine = try SessionStateMachine(localPeer: peer(node), serviceType: sessionTestService, policy: policy, sessionID: session)
+        nodes[node].events = []
+        nodes[node].ready = []
+        incarnations[node] = .random()
+        for other in nodes.indices where other != node {
+            apply(other, nodes[other].machine.peerLost(peer(node), at: now))
+            discoveries.append((other, node))
+            discoveries.append((node, other))
+        }
     }
 
     /// Every node will find every other, at random moments of the run.

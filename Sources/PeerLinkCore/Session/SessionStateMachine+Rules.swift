@@ -298,6 +298,9 @@ extension SessionStateMachine {
         bufferedMessageBytes -= record.reassembly.bufferedBytes
         record.reassembly = MessageReassembly()
         record.nextMessageID = 1
+        // The answers given to the old run's invitations: the new run numbers its own from the
+        // start again, and an INVITE of it must not be taken for the old one sent anew.
+        record.answers.removeAll()
         peers[peer.fingerprint] = record
         lose(peer.fingerprint, reason: "\(peer) started anew (its process restarted)")
     }
