@@ -18,18 +18,25 @@ func attachChannel(to link: Link, local: Identity, log: TestLog) async throws ->
 
 @Suite("Link streams against a peer driven by hand", .timeLimit(.minutes(1)))
 struct LinkStreamTests {
-    @Test("3 MiB of message frames that arrive before the channel is attached (a peer resending its window on a new link) wait for it: nothing lost, no error")
-    func earlyFramesWaitForTheChannel() async throws {
-        let log = TestLog()
+    /// A link that listens ("Bo") on the in-memory transport, and the dialled end of its
+    /// connection for a peer driven by hand; close the listener when done.
+    static func listeningLink(log: TestLog) async throws -> (any TransportListener, any LinkChannel, Identity, Link) {
         let network = MemoryNetwork()
         let listener = try network.listen(name: "bo")
-        defer { listener.close() }
         let dialed = try await network.transport.dial(.memory(name: "bo"), timeout: .seconds(1))
         let accepted = try await listener.accept()
         let server = Identity.generate()
         let link = Link(
             channel: accepted, role: .listener, identity: server, preface: LinkFixture.preface(), hello: LinkFixture.hello("Bo"),
             logger: log.logger)
+        return (listener, dialed, server, link)
+    }
+
+    @Test("3 MiB of message frames that arrive before the channel is attached (a peer resending its window on a new link) wait for it: nothing lost, no error")
+    func earlyFramesWaitForTheChannel() async throws {
+        let log = TestLog()
+        let (listener, dialed, server, link) = try await Self.listeningLink(log: log)
+        defer { listener.close() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             defer { dialed.close() }
             group.addTask { await link.run() }
@@ -68,15 +75,8 @@ struct LinkStreamTests {
     @Test("a peer that sends more than the window gets GO_AWAY 1; the bytes within it can still be read")
     func windowViolationClosesTheLink() async throws {
         let log = TestLog()
-        let network = MemoryNetwork()
-        let listener = try network.listen(name: "bo")
+        let (listener, dialed, server, link) = try await Self.listeningLink(log: log)
         defer { listener.close() }
-        let dialed = try await network.transport.dial(.memory(name: "bo"), timeout: .seconds(1))
-        let accepted = try await listener.accept()
-        let server = Identity.generate()
-        let link = Link(
-            channel: accepted, role: .listener, identity: server, preface: LinkFixture.preface(), hello: LinkFixture.hello("Bo"),
-            logger: log.logger)
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await link.run() }
             var peer = RawPeer(dialed, name: "Greedy", expecting: server)
