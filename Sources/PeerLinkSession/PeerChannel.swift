@@ -313,9 +313,13 @@ public final class PeerChannel: Sendable {
     static let heldAllowance = 16 << 20
 
     /// Over the limit of unconsumed message bytes: acknowledgements stop, so the peer stops
-    /// sending soon (``PeerLinkCore/Continuity/hold()``).
+    /// sending soon (``PeerLinkCore/Continuity/hold()``). Not while what the app has to take is
+    /// under half the limit (``releaseIfUnder(_:)`` would release it at once): messages held in
+    /// part alone are bounded by the partial-message limits instead.
     private func holdIfOver(_ state: inout State) {
-        guard state.heldMessageBytes > maxUnconsumedMessageBytes, state.continuity.heldAt == nil else { return }
+        guard state.heldMessageBytes > maxUnconsumedMessageBytes, state.unconsumedMessageBytes > maxUnconsumedMessageBytes / 2,
+            state.continuity.heldAt == nil
+        else { return }
         state.continuity.hold()
         let queued = state.heldMessageBytes
         state.outbox.add {
