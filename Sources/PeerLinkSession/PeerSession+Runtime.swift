@@ -375,7 +375,7 @@ extension PeerSession {
     /// Dials `peer` at each endpoint in turn until one answers and completes the handshake as
     /// `peer`, then runs the link; reports `dialFailed` when none does. An endpoint that accepts
     /// and then fails the handshake (never answers, answers as somebody else, refuses) moves on
-    /// to the next one, and is dialled last for a while (``SessionCore/EndpointPenalties``).
+    /// to the next one, and is dialled last for a while (``PeerLinkCore/EndpointPenalties``).
     private func dial(_ peer: PeerID, endpoints: [Endpoint]) async {
         var failures: [String] = []
         // whether every endpoint answered that nothing listens there (the peer's session is gone)
@@ -559,10 +559,9 @@ extension PeerSession {
     }
 
     /// Runs one link: its handshake, then the session's business on it (frames in, a writer
-    /// pulling frames out) until it ends.
-    /// Runs `link` until it ends. A link this session dialled (`dialing`) that fails its
+    /// pulling frames out) until it ends. A link this session dialled (`dialing`) that fails its
     /// handshake returns the failure, for ``dial(_:endpoints:)`` to try the next endpoint; any
-    /// other is reported here.
+    /// other failure is reported here.
     @discardableResult
     private func drive(_ link: Link, id: LinkID, dialing: Bool = false) async -> (any Error)? {
         let failure = await withDiscardingTaskGroup(returning: (any Error)?.self) { group in
