@@ -115,7 +115,8 @@ struct TCPLinkTests {
     func hostilePeers() async throws {
         let log = TestLog()
         let server = Identity.generate()
-        let policy = LinkPolicy(handshakeTimeout: .seconds(1))
+        // Long enough for the well-behaved peer on a loaded machine; the hostile ones wait it out.
+        let policy = LinkPolicy(handshakeTimeout: .seconds(3))
         let listener = try TCPTransportListener(host: Self.loopback)
         let port = listener.port
         let (acceptedLinks, acceptedSink) = AsyncStream.makeStream(of: Link.self)
@@ -234,7 +235,7 @@ struct TCPLinkTests {
             // The server's preface (and its verdict when there was a preface to answer).
             #expect(Array(received.prefix(preface.count)) == preface)
             #expect(received.count <= preface.count + 1)
-            #expect(closure.reason.contains("1 s"))
+            #expect(closure.reason.contains("3 s"))
         case .forgedRecord:
             // Sealed records the raw side cannot read here; at least a GO_AWAY came.
             #expect(received.count > preface.count)
