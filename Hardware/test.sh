@@ -7,7 +7,7 @@
 #        2. Hardware/daemons.sh start (system dbus + lo-only avahi); on exit, `daemons.sh stop`
 #           stops only what this run started (and restarts an avahi a test left stopped)
 #        3. swift build --build-tests, then swift test --skip-build [arguments...] (without
-#           arguments: every suite but the avahi-daemon restarts, the 1 GiB transfers and the 8-host soak, which run alone after), then a
+#           arguments: every suite but the avahi-daemon restarts, the 1 GiB transfers, the 8-host soak and the attacks on a chat, which run alone after), then a
 #           few-second smoke run of the benchmark (peerlink-bench --smoke; loopback only), the
 #           fuzz targets' committed corpus replayed and each target run for a few seconds
 #           (Hardware/fuzz.sh --seconds 3: libFuzzer and AddressSanitizer, its own build)
@@ -127,10 +127,11 @@ build_cmd=(swift build --build-tests "${scratch[@]}")
 test_cmd=(swift test --skip-build "${scratch[@]}" "$@")
 # The tests that restart avahi-daemon (DaemonRestartTests) run on their own after the rest: the
 # other suites' chats and scans would meet the daemon while it is down. So do the 1 GiB transfers
-# (LargeFileTests) and the 8-host soak (SoakTests): beside the other suites, their load makes
+# (LargeFileTests), the 8-host soak (SoakTests) and the attacks on a chat (HostileChatTests:
+# 3000 connections, 80 MiB of messages in a debug build): beside the other suites, their load makes
 # timed expectations elsewhere late.
 alone=()
-alone_suites=(DaemonRestartTests LargeFileTests SoakTests)
+alone_suites=(DaemonRestartTests LargeFileTests SoakTests HostileChatTests)
 if [ $# = 0 ]; then
     for suite in "${alone_suites[@]}"; do test_cmd+=(--skip "$suite"); done
     alone=(swift test --skip-build "${scratch[@]}" --filter)
