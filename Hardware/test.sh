@@ -151,16 +151,38 @@ if [ "${CI:-}" = true ]; then
     echo "====================================================="
 fi
 
+# Each swift test run's output is kept (tee) so that the end of the run can list what failed:
+# a CI log that shows only its tail still names every failing test.
+test_log=$(mktemp "${TMPDIR:-/tmp}/peerlink-test-log.XXXXXX")
+logged() {
+    local rc
+    set +e
+    "$@" 2>&1 | tee -a "$test_log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    return "$rc"
+}
+failures_summary() {
+    local lines
+    lines=$(grep -aE '^✘ |: error: |^Test Case .* failed|Fatal error|Crash|[Ss]ignal [0-9]+|exited with unexpected signal' "$test_log" | head -n 80 || true)
+    if [ -n "$lines" ]; then
+        echo "================ what failed in swift test (full output: $test_log) ================"
+        echo "$lines"
+    else
+        rm -f "$test_log"
+    fi
+}
+
 test_rc=0
 if [ "${PEERLINK_TEST_DRY_RUN:-0}" = 1 ]; then
     say "dry run: skipping: ${build_cmd[*]}"
     say "dry run: skipping: ${test_cmd[*]}"
 else
     "${build_cmd[@]}" || { test_rc=$?; say "build failed (exit $test_rc)"; exit "$test_rc"; }
-    "${test_cmd[@]}" || test_rc=$?
+    logged "${test_cmd[@]}" || test_rc=$?
     if [ ${#alone[@]} -gt 0 ]; then
         for suite in "${alone_suites[@]}"; do
-            "${alone[@]}" "$suite" || { alone_rc=$?; [ "$test_rc" = 0 ] && test_rc=$alone_rc; }
+            logged "${alone[@]}" "$suite" || { alone_rc=$?; [ "$test_rc" = 0 ] && test_rc=$alone_rc; }
         done
     fi
     # The benchmark's smoke run: it must run to the end; its figures mean nothing in a debug build.
@@ -188,6 +210,7 @@ fi
 bt_rc=0
 run_bluetooth_lab "$@" || bt_rc=$?
 
+failures_summary
 if [ "${CI:-}" = true ]; then
     echo "================ swift test exit $test_rc, bluetooth lab exit $bt_rc ================"
 fi
