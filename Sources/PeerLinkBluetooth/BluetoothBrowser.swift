@@ -1,7 +1,6 @@
 import Foundation
 import Logging
 import PeerLinkCore
-import Synchronization
 
 /// A device a Bluetooth scan found, with the PeerLink peer its SDP server publishes, if any.
 public struct BluetoothScanEntry: Hashable, Sendable {
@@ -80,7 +79,7 @@ public final class BluetoothBrowser: TransportBrowser {
 
     /// The last round's result, shared with the task that scans.
     private final class LastRound: Sendable {
-        private let round = Mutex<(entries: [BluetoothScanEntry], method: BluetoothScanner.Method)?>(nil)
+        private let round = Locked<(entries: [BluetoothScanEntry], method: BluetoothScanner.Method)?>(nil)
 
         func set(_ value: (entries: [BluetoothScanEntry], method: BluetoothScanner.Method)) { round.withLock { $0 = value } }
         func get() -> (entries: [BluetoothScanEntry], method: BluetoothScanner.Method)? { round.withLock { $0 } }

@@ -1,4 +1,3 @@
-import Synchronization
 
 /// Why a text is not an endpoint of a scheme: a short reason ("the port is missing"), which
 /// ``Endpoint/init(parsing:)`` completes with the text and the accepted forms.
@@ -28,7 +27,7 @@ public struct EndpointScheme: Sendable {
         self.parse = parse
     }
 
-    private static let registry = Mutex<[String: EndpointScheme]>([:])
+    private static let registry = Locked<[String: EndpointScheme]>([:])
 
     /// Makes ``Endpoint/init(parsing:)`` read `scheme`'s texts. Registering a scheme of the same
     /// name again replaces it. Callable from any thread.

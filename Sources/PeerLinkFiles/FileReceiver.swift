@@ -1,7 +1,6 @@
 import Crypto
 import PeerLinkCore
 import PeerLinkPosix
-import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -102,7 +101,7 @@ public struct IncomingFile: Sendable {
 
     /// Receivers of the same partial file in this process, so a re-offer waits for a stale
     /// receiver (its link not yet noticed as lost) to let go.
-    private static let busy = Mutex<Set<String>>([])
+    private static let busy = Locked<Set<String>>([])
 
     private func receive(_ transfer: FileTransfer) async -> Result<TransferOutcome, TransferFailure> {
         guard transfer.use(channel) else { return .failure(TransferFailure(.cancelled, "cancelled: \(transfer.cancelReason ?? "")")) }

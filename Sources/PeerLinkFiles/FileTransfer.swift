@@ -1,5 +1,4 @@
 import PeerLinkCore
-import Synchronization
 
 /// One file on its way to or from a peer: its progress as an async sequence, its result, and
 /// a way to cancel it.
@@ -30,8 +29,8 @@ public final class FileTransfer: Sendable {
     public let updates: TransferUpdates
 
     private let sink: AsyncStream<Result<TransferProgress, TransferFailure>>.Continuation
-    private let state = Mutex(State())
-    private let done = Mutex<[CheckedContinuation<Result<TransferOutcome, TransferFailure>, Never>]>([])
+    private let state = Locked(State())
+    private let done = Locked<[CheckedContinuation<Result<TransferOutcome, TransferFailure>, Never>]>([])
 
     private struct State {
         var channel: (any ResourceChannel)?

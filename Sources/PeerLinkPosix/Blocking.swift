@@ -3,7 +3,6 @@ import Glibc
 #endif
 import Foundation
 import PeerLinkCore
-import Synchronization
 
 /// Runs a blocking call on a thread of its own, so it never occupies one of Swift concurrency's
 /// few cooperative threads (this machine class may have two cores; a blocked pool thread stalls
@@ -55,7 +54,7 @@ package func runBlockingAbandonable<T: Sendable>(
 /// One continuation, resumed once: by the first result (or failure) that comes. A value that
 /// comes after goes to `discard`.
 private final class OneShot<T: Sendable>: Sendable {
-    private let state = Mutex<(continuation: CheckedContinuation<T, any Error>?, pending: Result<T, any Error>?, done: Bool)>(
+    private let state = Locked<(continuation: CheckedContinuation<T, any Error>?, pending: Result<T, any Error>?, done: Bool)>(
         (nil, nil, false))
     private let discard: @Sendable (T) -> Void
 

@@ -3,7 +3,6 @@ import Glibc
 #endif
 import Foundation
 import PeerLinkCore
-import Synchronization
 
 /// A listening TCP socket: on all interfaces (IPv6 dual-stack when the kernel has IPv6, else
 /// IPv4), or on one numeric address.
@@ -234,7 +233,7 @@ public enum TCPProbe {
 /// Set when the task waiting for a blocking call is cancelled; the call looks at it between
 /// slices of waiting.
 package final class CancellationFlag: Sendable {
-    private let state = Mutex(false)
+    private let state = Locked(false)
 
     package func cancel() { state.withLock { $0 = true } }
 

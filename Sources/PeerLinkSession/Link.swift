@@ -1,6 +1,5 @@
 import Logging
 import PeerLinkCore
-import Synchronization
 
 /// One link to one peer, running: drives a ``LinkStateMachine`` over a ``LinkChannel``.
 ///
@@ -103,7 +102,7 @@ public final class Link: Sendable {
     let eventSink: AsyncStream<Event>.Continuation
     let clock: LinkClock
     private let logger: Logger
-    let state: Mutex<State>
+    let state: Locked<State>
 
     /// - Parameters:
     ///   - channel: the link's byte stream; the link owns it from now on and closes it.
@@ -138,7 +137,7 @@ public final class Link: Sendable {
         if let expectedRemote { logger[metadataKey: "peer.id"] = "\(expectedRemote)" }
         self.logger = logger
         (events, eventSink) = AsyncStream.makeStream(of: Event.self, bufferingPolicy: .unbounded)
-        state = Mutex(
+        state = Locked(
             State(
                 machine: LinkStateMachine(
                     role: role, identity: identity, preface: preface, hello: hello, policy: policy,

@@ -1,4 +1,4 @@
-import Synchronization
+import PeerLinkCore
 
 /// Work that must not run while a lock is held — resuming a suspended task's continuation,
 /// yielding to or finishing an `AsyncStream`, firing a ``Latch`` — queued under the lock and
@@ -56,7 +56,7 @@ protocol OutboxOwner {
     var outbox: Outbox { get set }
 }
 
-extension Mutex where Value: OutboxOwner {
+extension Locked where Value: OutboxOwner {
     /// `withLock`, then, with the lock released, what `body` (or another thread meanwhile)
     /// queued in the outbox. Call it with no other lock held: the deliveries run on this thread.
     func withLockThenDeliver<R: Sendable, E: Error>(_ body: (inout Value) throws(E) -> R) throws(E) -> R {

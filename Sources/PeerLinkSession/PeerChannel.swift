@@ -1,6 +1,5 @@
 import Logging
 import PeerLinkCore
-import Synchronization
 
 /// Everything between the local peer and one remote peer that outlives a link: the sequenced
 /// frames (reliable message chunks, stream data and credit) waiting to go out, their
@@ -28,11 +27,11 @@ public final class PeerChannel: Sendable {
     /// stream's writer waits (besides its credit).
     public let maxQueuedDataBytes: Int
 
-    let state: Mutex<State>
+    let state: Locked<State>
     /// Streams whose `PeerStream` went away, not yet looked at under ``state``'s lock: a
     /// `PeerStream` may be freed while that lock is held (a waiter holding the last reference),
     /// so its `deinit` only notes it here.
-    let releasedStreams = Mutex<[UInt32]>([])
+    let releasedStreams = Locked<[UInt32]>([])
     let logger: Logger
     let clock: LinkClock
     /// Where streams the peer opens are handed (the session's `incomingStreams`).
@@ -69,7 +68,7 @@ public final class PeerChannel: Sendable {
         self.logger = logger
         self.streamOpened = streamOpened
         let role: LinkStateMachine.Role = localPeer.fingerprint < peer.fingerprint ? .dialer : .listener
-        state = Mutex(State(continuity: Continuity(policy: policy), streams: StreamTable(role: role)))
+        state = Locked(State(continuity: Continuity(policy: policy), streams: StreamTable(role: role)))
     }
 
     /// Over this many ``State/unconsumedMessageBytes`` the channel stops acknowledging

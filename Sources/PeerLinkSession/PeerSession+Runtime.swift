@@ -1,6 +1,5 @@
 import Logging
 import PeerLinkCore
-import Synchronization
 
 // The runtime behind PeerSession: one task group holding the listener's accept loop, the
 // session timer, every dial and every link (each with a writer of its own). Every input is

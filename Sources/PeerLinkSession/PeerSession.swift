@@ -1,6 +1,5 @@
 import Logging
 import PeerLinkCore
-import Synchronization
 
 /// What a ``PeerSession`` is: who the local peer is, which service it serves, and its rules.
 public struct PeerSessionConfiguration: Sendable {
@@ -213,7 +212,7 @@ public final class PeerSession: Sendable {
     let streamSink: AsyncStream<PeerStream>.Continuation
     let spawns: AsyncStream<@Sendable () async -> Void>
     let spawner: AsyncStream<@Sendable () async -> Void>.Continuation
-    let core: Mutex<SessionCore>
+    let core: Locked<SessionCore>
     /// Fired when the session starts stopping: dials and accepts give up.
     let stopped = Latch()
     /// Fired when every link task of a stopping session is over.
@@ -280,7 +279,7 @@ public final class PeerSession: Sendable {
         (eventStream, eventSink) = AsyncStream.makeStream(of: PeerSessionEvent.self, bufferingPolicy: .unbounded)
         (incomingStreams, streamSink) = AsyncStream.makeStream(of: PeerStream.self, bufferingPolicy: .unbounded)
         (spawns, spawner) = AsyncStream.makeStream(of: (@Sendable () async -> Void).self, bufferingPolicy: .unbounded)
-        core = Mutex(SessionCore(machine: machine))
+        core = Locked(SessionCore(machine: machine))
     }
 
     // MARK: - Discovery

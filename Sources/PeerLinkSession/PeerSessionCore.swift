@@ -1,5 +1,4 @@
 import PeerLinkCore
-import Synchronization
 
 /// Everything a ``PeerSession`` knows, under one lock: the state machine, the links, what
 /// discovery reported, and the waiting loops. What wakes a task or reaches the app (resumes,
@@ -120,7 +119,7 @@ package final class Latch: Sendable {
         var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     package init() {}
 

@@ -1,4 +1,4 @@
-import Synchronization
+import PeerLinkCore
 
 /// A clock that moves only when a test says so, so timeouts are tested without sleeping.
 ///
@@ -61,10 +61,10 @@ public final class ManualClock: Clock, Sendable {
         }
     }
 
-    private let state: Mutex<State>
+    private let state: Locked<State>
 
     public init(now: Instant = Instant(offset: .zero)) {
-        state = Mutex(State(now: now))
+        state = Locked(State(now: now))
     }
 
     public var now: Instant { state.withLock { $0.now } }

@@ -1,5 +1,4 @@
 import PeerLinkCore
-import Synchronization
 
 /// An in-memory network for deterministic tests: listeners register under a name, dials of
 /// `memory://name` connect to them, and each connection is a pair of ``MemoryChannel``s —
@@ -31,7 +30,7 @@ public final class MemoryNetwork: Sendable {
         var directory = MemoryDirectory()
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     public init(bufferCapacity: Int = 64 * 1024) {
         self.bufferCapacity = max(1, bufferCapacity)
@@ -157,7 +156,7 @@ public final class MemoryListener: TransportListener {
         var closed = false
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     init(name: String, kind: TransportKind, network: MemoryNetwork) {
         self.name = name
@@ -324,7 +323,7 @@ final class MemoryConnection: Sendable {
     }
 
     let capacity: Int
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     init(capacity: Int) {
         self.capacity = capacity

@@ -1,5 +1,4 @@
 import PeerLinkCore
-import Synchronization
 
 extension TransportKind {
     /// A connection of a ``MemoryNetwork`` (deterministic tests only).
@@ -51,7 +50,7 @@ public final class MemoryPublication: TransportAdvertiser {
     public let events: AsyncStream<AdvertisementEvent> = AsyncStream { $0.finish() }
     private let network: MemoryNetwork
     private let id: Int
-    private let stopped = Mutex(false)
+    private let stopped = Locked(false)
 
     init(network: MemoryNetwork, id: Int, peer: DiscoveredPeer) {
         self.network = network

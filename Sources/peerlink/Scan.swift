@@ -2,7 +2,6 @@ import ArgumentParser
 import Foundation
 import Logging
 import PeerLink
-import Synchronization
 
 struct Scan: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -258,7 +257,7 @@ extension String {
 
 /// Which browsers of a scan have started or failed, and when the last report came.
 final class ScanProgress: Sendable {
-    private let counts = Mutex<(settled: Int, failures: [PeerLinkError], last: ContinuousClock.Instant)>((0, [], .now))
+    private let counts = Locked<(settled: Int, failures: [PeerLinkError], last: ContinuousClock.Instant)>((0, [], .now))
     let total: Int
 
     init(total: Int) {

@@ -3,7 +3,6 @@ import Foundation
 import PeerLinkCore
 import PeerLinkFiles
 import PeerLinkPosix
-import Synchronization
 import Testing
 
 /// A sender and a receiver joined by in-memory channels: each `open` makes a new channel pair
@@ -16,7 +15,7 @@ final class FileLab: Sendable {
     let receiver: FileReceiver
     let received: AsyncStream<FileTransfer>
     private let sink: AsyncStream<FileTransfer>.Continuation
-    private let current = Mutex<MemoryChannel?>(nil)
+    private let current = Locked<MemoryChannel?>(nil)
     let declineWith: String?
 
     init(directory: String? = nil, collision: FileReceiver.Collision = .number, declineWith: String? = nil) throws {
@@ -263,7 +262,7 @@ struct FileTransferTests {
             try await far.finish()
         }
         let (path, _) = try FileLab.makeFile(size: 8 * 1024 * 1024)
-        let opened = Mutex(0)
+        let opened = Locked(0)
         let sending = FileSender().send(try await OutgoingFile.prepare(path: path), to: FileLab.bob) {
             opened.withLock { $0 += 1 }
             return near
@@ -347,7 +346,7 @@ struct FileTransferTests {
     @Test func lostLinkThatDoesNotComeBackFailsSayingHowToResume() async throws {
         let lab = try FileLab()
         let (path, _) = try FileLab.makeFile(size: 8 * 1024 * 1024)
-        let opened = Mutex(0)
+        let opened = Locked(0)
         let open: @Sendable () async throws -> any ResourceChannel = {
             let count = opened.withLock { value -> Int in
                 value += 1

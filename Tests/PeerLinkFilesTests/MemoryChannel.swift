@@ -1,6 +1,5 @@
 import PeerLinkCore
 import PeerLinkFiles
-import Synchronization
 
 /// One direction of an in-memory byte pipe with a bounded buffer: a writer suspends while the
 /// buffer is full (back-pressure, as a stream without credit). A waiting reader or writer ends
@@ -16,7 +15,7 @@ final class BytePipe: Sendable {
     }
 
     private let capacity: Int
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     init(capacity: Int) {
         self.capacity = capacity
@@ -122,7 +121,7 @@ final class MemoryChannel: ResourceChannel {
     let incoming: BytePipe
     let outgoing: BytePipe
     /// Bytes this end wrote, in all.
-    let written = Mutex(0)
+    let written = Locked(0)
 
     init(incoming: BytePipe, outgoing: BytePipe) {
         self.incoming = incoming

@@ -1,7 +1,6 @@
 import Crypto
 import Foundation
 import PeerLink
-import Synchronization
 import Testing
 
 /// A sender and a receiver, each a PeerNode on the LAN against the real avahi-daemon on a service
@@ -14,7 +13,7 @@ final class FilePair: Sendable {
     let advertiser: LANAdvertiser
     let directory: String
     let received: AsyncStream<FileTransfer>
-    private let tasks: Mutex<[Task<Void, Never>]>
+    private let tasks: Locked<[Task<Void, Never>]>
     private let connected = ConnectedSet()
 
     /// `reconnectGrace` as in ``PeerLinkCore/SessionPolicy/reconnectGrace`` (zero: a lost
@@ -47,7 +46,7 @@ final class FilePair: Sendable {
         let fileReceiver = FileReceiver(directory: directory)
         let receiverSession = receiver.session
         let connected = self.connected
-        tasks = Mutex([
+        tasks = Locked([
             Task { [sender] in await sender.run() },
             Task { [receiver] in await receiver.run() },
             Task { [sender] in
@@ -110,8 +109,8 @@ final class FilePair: Sendable {
 }
 
 final class ConnectedSet: Sendable {
-    private let peers = Mutex<Set<PeerID>>([])
-    private let log = Mutex<[String]>([])
+    private let peers = Locked<Set<PeerID>>([])
+    private let log = Locked<[String]>([])
 
     /// Every event the sender's session reported, with its time: shown when a wait fails.
     func record(_ event: PeerSessionEvent) {

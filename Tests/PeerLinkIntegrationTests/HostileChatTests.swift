@@ -1,7 +1,6 @@
 import Foundation
 import PeerLink
 import PeerLinkTestSupport
-import Synchronization
 import Testing
 
 /// `peerlink chat --accept-all` attacked from loopback as in issue 11: connections from many
@@ -44,9 +43,9 @@ struct HostileChatTests {
         let baseline = try #require(Self.openDescriptors(victim.pid))
 
         final class Tally: Sendable {
-            let sockets = Mutex<[AttackerSocket]>([])
-            let failures = Mutex(0)
-            let highest = Mutex(0)
+            let sockets = Locked<[AttackerSocket]>([])
+            let failures = Locked(0)
+            let highest = Locked(0)
         }
         let tally = Tally()
         let attackEnds = ContinuousClock.now + .seconds(25)

@@ -1,6 +1,5 @@
 import Foundation
 import PeerLink
-import Synchronization
 import Testing
 
 /// Samples this process's resident set size until stopped.

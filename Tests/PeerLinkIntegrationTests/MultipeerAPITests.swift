@@ -1,6 +1,5 @@
 import Foundation
 import PeerLink
-import Synchronization
 import Testing
 
 /// The MultipeerConnectivity-shaped API (MultipeerSession, NearbyServiceAdvertiser,
@@ -288,12 +287,12 @@ final class SessionRecorder: MultipeerSessionDelegate {
         var certificates: [Fingerprint] = []
     }
 
-    private let log: Mutex<Log>
+    private let log: Locked<Log>
     private let expectedQueue: String?
 
     init(expectedQueue: String? = nil, refusing: Set<MultipeerPeerID> = []) {
         self.expectedQueue = expectedQueue
-        log = Mutex(Log(refused: refusing))
+        log = Locked(Log(refused: refusing))
     }
 
     var events: [Event] { log.withLock { $0.events } }
@@ -349,7 +348,7 @@ final class AdvertiserRecorder: NearbyServiceAdvertiserDelegate {
         var context: Data?
     }
 
-    private let log = Mutex<([Invitation], [PeerLinkError])>(([], []))
+    private let log = Locked<([Invitation], [PeerLinkError])>(([], []))
     private let answer: @Sendable (MultipeerPeerID) -> (Bool, MultipeerSession?)
 
     init(answer: @escaping @Sendable (MultipeerPeerID) -> (Bool, MultipeerSession?)) {
@@ -391,7 +390,7 @@ final class BrowserRecorder: NearbyServiceBrowserDelegate {
         }
     }
 
-    private let log = Mutex<([Event], [PeerLinkError])>(([], []))
+    private let log = Locked<([Event], [PeerLinkError])>(([], []))
 
     var events: [Event] { log.withLock { $0.0 } }
     var failures: [PeerLinkError] { log.withLock { $0.1 } }

@@ -1,7 +1,6 @@
 import Crypto
 import Foundation
 import PeerLink
-import Synchronization
 import Testing
 
 /// Resources and streams through the MultipeerConnectivity-shaped API, between two sessions in
@@ -112,7 +111,7 @@ struct MultipeerDataTests {
             // The sender cancels as soon as the receiver started: Bob's delegate cancels Ann's
             // progress from its didStart call, while 32 MiB are still on their way.
             let senderSide = Completion()
-            let outgoing = Mutex<Progress?>(nil)
+            let outgoing = Locked<Progress?>(nil)
             pair.bobLog.onStart { _ in outgoing.withLock { $0 }?.cancel() }
             let first = try #require(
                 try pair.annSession.sendResource(
@@ -322,7 +321,7 @@ func onThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async thr
 
 /// A completion handler that records its calls.
 final class Completion: Sendable {
-    private let log = Mutex<[(any Error)?]>([])
+    private let log = Locked<[(any Error)?]>([])
 
     var handler: @Sendable ((any Error)?) -> Void {
         { error in self.log.withLock { $0.append(error) } }
@@ -375,7 +374,7 @@ final class DataRecorder: MultipeerSessionDelegate {
         var onStart: (@Sendable (Progress) -> Void)?
     }
 
-    private let log = Mutex(Log())
+    private let log = Locked(Log())
 
     var events: Events { log.withLock { $0.events } }
 

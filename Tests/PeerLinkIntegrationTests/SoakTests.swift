@@ -1,6 +1,6 @@
 import Crypto
 import Foundation
-import Synchronization
+import PeerLinkCore
 import Testing
 
 /// Runs in CI (fails there if the lab cannot run), and wherever the lab's needs are met.
@@ -48,7 +48,7 @@ struct SoakTests {
 
     /// Files moved with `peerlink send` / `peerlink receive`, and what went wrong.
     final class FileLog: Sendable {
-        let state = Mutex<(sent: Int, verified: Int, done: Int, problems: [String])>((0, 0, 0, []))
+        let state = Locked<(sent: Int, verified: Int, done: Int, problems: [String])>((0, 0, 0, []))
     }
 
     /// PEERLINK_SOAK_LOGS=DIR: every chat runs with --verbose and its output is written to DIR

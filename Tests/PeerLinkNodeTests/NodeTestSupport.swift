@@ -2,12 +2,11 @@ import Foundation
 import Logging
 import PeerLink
 import PeerLinkTestSupport
-import Synchronization
 import Testing
 
 /// Every event one node reported, with a way to wait for a condition on them.
 final class NodeLog: Sendable {
-    private let state = Mutex<[PeerNodeEvent]>([])
+    private let state = Locked<[PeerNodeEvent]>([])
 
     var events: [PeerNodeEvent] { state.withLock { $0 } }
 

@@ -4,7 +4,6 @@ import PeerLinkCore
 import PeerLinkPosix
 import PeerLinkSession
 import PeerLinkTestSupport
-import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -29,12 +28,12 @@ func eventually(
 /// A listener that fails its first accepts as a process out of descriptors would, then works.
 final class FailingListener: TransportListener {
     let inner: any TransportListener
-    private let failuresLeft: Mutex<Int>
+    private let failuresLeft: Locked<Int>
     var localEndpoints: [Endpoint] { inner.localEndpoints }
 
     init(_ inner: any TransportListener, failures: Int) {
         self.inner = inner
-        failuresLeft = Mutex(failures)
+        failuresLeft = Locked(failures)
     }
 
     var failuresLeftCount: Int { failuresLeft.withLock { $0 } }
@@ -103,7 +102,7 @@ struct HostilePeerTests {
 
     /// Samples the victim's links in their handshake while `body` runs; the largest count seen.
     static func sampleHandshaking(_ victim: SessionNode, during body: () async throws -> Void) async throws -> Int {
-        final class Highest: Sendable { let value = Mutex(0) }
+        final class Highest: Sendable { let value = Locked(0) }
         let highest = Highest()
         let done = Latch()
         try await withThrowingTaskGroup(of: Void.self) { group in

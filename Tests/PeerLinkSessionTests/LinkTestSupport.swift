@@ -1,7 +1,6 @@
 import Logging
 import PeerLinkCore
 import PeerLinkSession
-import Synchronization
 import Testing
 
 /// A log handler that keeps every entry, so tests can check what a link logged.
@@ -12,7 +11,7 @@ final class TestLog: Sendable {
         var metadata: Logger.Metadata
     }
 
-    private let entries = Mutex<[Entry]>([])
+    private let entries = Locked<[Entry]>([])
 
     var logger: Logger {
         Logger(label: "peerlink.test") { _ in Handler(log: self) }

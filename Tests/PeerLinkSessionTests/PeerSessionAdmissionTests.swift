@@ -1,12 +1,11 @@
 import PeerLinkCore
 import PeerLinkSession
 import PeerLinkTestSupport
-import Synchronization
 import Testing
 
 /// The peers an admission hook lets in, filled in once the peers exist; it counts the questions.
 final class Admissions: Sendable {
-    private let state = Mutex<(allowed: Set<Fingerprint>, asked: [PeerID])>(([], []))
+    private let state = Locked<(allowed: Set<Fingerprint>, asked: [PeerID])>(([], []))
 
     func allow(_ peer: PeerID) { state.withLock { _ = $0.allowed.insert(peer.fingerprint) } }
 

@@ -2,7 +2,6 @@ import Logging
 import PeerLinkCore
 import PeerLinkSession
 import PeerLinkTestSupport
-import Synchronization
 import Testing
 
 /// Every event one session reported, with a way to wait for a condition on them.
@@ -19,7 +18,7 @@ final class EventLog: Sendable {
         var nextID = 0
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     var events: [PeerSessionEvent] { state.withLock { $0.events } }
 

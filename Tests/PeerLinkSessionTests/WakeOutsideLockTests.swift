@@ -8,8 +8,8 @@ import Testing
 /// wakes it: resuming a suspended task's continuation hands the task to its executor right
 /// there, inside the resume. A probe that takes a lock therefore shows whether the waker held
 /// that lock while resuming — the pattern that deadlocks with a cancellation handler taking the
-/// same lock. Held, the probe's lock call is a recursive lock of a `Mutex`: the process stops
-/// with "Recursive call to lock Mutex".
+/// same lock. Held, the probe's lock call is a recursive lock of a ``Locked`` value: the process
+/// stops with "Recursive call to lock a Locked value".
 final class WakeProbe: TaskExecutor, @unchecked Sendable {
     private let queue = DispatchQueue(label: "peerlink.test.wake-probe")
     private let probe: @Sendable () -> Void

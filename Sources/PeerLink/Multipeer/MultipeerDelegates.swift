@@ -1,6 +1,5 @@
 import Foundation
 import PeerLinkCore
-import Synchronization
 
 /// What a ``MultipeerSession`` tells its delegate.
 ///
@@ -130,7 +129,7 @@ extension NearbyServiceBrowserDelegate {
 
 /// Lets a handler given to the app run once: later calls are ignored.
 final class OnceFlag: Sendable {
-    private let claimed = Mutex(false)
+    private let claimed = Locked(false)
 
     /// True the first time only.
     func claim() -> Bool {

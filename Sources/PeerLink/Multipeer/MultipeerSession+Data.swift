@@ -3,7 +3,6 @@ import PeerLinkCore
 import PeerLinkFiles
 import PeerLinkPosix
 import PeerLinkSession
-import Synchronization
 
 extension MultipeerSession {
     /// Sends the file at `resourceURL` to `peerID` under the name `resourceName`.
@@ -222,7 +221,7 @@ extension MultipeerSession {
 /// cancels its `Progress`, when the peer leaves, or when the local peer leaves the session.
 final class ResourceJob: Sendable {
     let peer: Fingerprint
-    private let state = Mutex<(transfer: FileTransfer?, cancel: (reason: String, code: PeerLinkError.Code)?)>((nil, nil))
+    private let state = Locked<(transfer: FileTransfer?, cancel: (reason: String, code: PeerLinkError.Code)?)>((nil, nil))
 
     init(peer: Fingerprint) {
         self.peer = peer

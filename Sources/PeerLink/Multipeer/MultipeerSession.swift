@@ -2,7 +2,6 @@ import Foundation
 import Logging
 import PeerLinkCore
 import PeerLinkSession
-import Synchronization
 
 /// A session in the shape MultipeerConnectivity developers know: the local peer and up to seven
 /// others, a delegate told of every peer's state and every message, `send(_:toPeers:with:)` and
@@ -67,7 +66,7 @@ public final class MultipeerSession: Sendable {
     let logger: Logger
     /// Where files from peers are received (made with the first one, removed with the session).
     let resourceDirectory: String
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     /// - Parameters:
     ///   - peer: the local peer; a remote peer (without its key pair) traps.
@@ -634,7 +633,7 @@ enum MultipeerRegistry {
         weak var session: MultipeerSession?
     }
 
-    private static let sessions = Mutex<[Fingerprint: [Entry]]>([:])
+    private static let sessions = Locked<[Fingerprint: [Entry]]>([:])
 
     static func register(_ session: MultipeerSession) {
         let entry = Entry(session: session)

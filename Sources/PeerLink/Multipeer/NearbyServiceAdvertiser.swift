@@ -2,7 +2,6 @@ import Foundation
 import Logging
 import PeerLinkCore
 import PeerLinkSession
-import Synchronization
 
 /// Makes the local peer visible nearby with its discovery info — on the transports of its
 /// session: the LAN (DNS-SD) by default, Bluetooth (an SDP record) for a session made with
@@ -39,7 +38,7 @@ public final class NearbyServiceAdvertiser: Sendable {
     public let delegateQueue: DispatchQueue
 
     private let logger: Logger
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     private struct State {
         weak var delegate: (any NearbyServiceAdvertiserDelegate)?

@@ -1,7 +1,6 @@
 import Foundation
 import Logging
 import PeerLinkCore
-import Synchronization
 
 /// Finds peers advertising a service nearby — on the LAN, over Bluetooth, or both — and invites
 /// them into a session: MultipeerConnectivity's nearby-service browser.
@@ -35,7 +34,7 @@ public final class NearbyServiceBrowser: Sendable {
     public let transports: TransportChoice?
 
     private let logger: Logger
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     private struct State {
         weak var delegate: (any NearbyServiceBrowserDelegate)?
@@ -104,7 +103,7 @@ public final class NearbyServiceBrowser: Sendable {
             let owner = WeakBrowser(self)
             let total = modules.count
             state.browse = Task {
-                let failures = Mutex<[(label: String, error: PeerLinkError)]>([])
+                let failures = Locked<[(label: String, error: PeerLinkError)]>([])
                 await discovery.run { event in
                     switch event {
                     case .peer(let change):

@@ -1,6 +1,5 @@
 import Logging
 import PeerLinkCore
-import Synchronization
 
 /// What a ``PeerDiscovery`` reports.
 public enum PeerDiscoveryEvent: Sendable {
@@ -19,7 +18,7 @@ public final class PeerDiscovery: Sendable {
     public let request: BrowseRequest
     public let ranking: TransportRanking
     private let browsers: [(module: String, label: String, browser: any TransportBrowser)]
-    private let merged: Mutex<MergedDiscovery>
+    private let merged: Locked<MergedDiscovery>
     private let logger: Logger
 
     private enum Input: Sendable {
@@ -38,7 +37,7 @@ public final class PeerDiscovery: Sendable {
         self.ranking = ranking
         self.logger = logger
         browsers = modules.map { ($0.name, $0.label, $0.browser(request)) }
-        merged = Mutex(MergedDiscovery(ranking: ranking))
+        merged = Locked(MergedDiscovery(ranking: ranking))
     }
 
     /// The names of the modules browsed.

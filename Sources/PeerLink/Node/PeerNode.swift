@@ -3,7 +3,6 @@ import Logging
 import PeerLinkCore
 import PeerLinkPosix
 import PeerLinkSession
-import Synchronization
 
 /// A peer, running: its transports (each a ``PeerLinkCore/TransportModule``: the LAN, Bluetooth,
 /// or the app's own), their listeners, advertisements and browsers, a ``PeerLinkSession/PeerSession``
@@ -66,7 +65,7 @@ public final class PeerNode: Sendable {
     private let sink: AsyncStream<PeerNodeEvent>.Continuation
     private let trust: NodeTrust
     private let logger: Logger
-    private let state = Mutex(State())
+    private let state = Locked(State())
     /// Modules that could not open their links, with why: for errors about their endpoints.
     private let failedModules: [(module: any TransportModule, error: PeerLinkError)]
 
@@ -439,13 +438,13 @@ public final class NodePublication: Sendable {
 
 /// The known peers of a node: loaded from the file, every peer met remembered (and saved).
 final class NodeTrust: Sendable {
-    private let peers: Mutex<KnownPeers>
+    private let peers: Locked<KnownPeers>
     private let path: String?
     private let limit: Int
     private let logger: Logger
 
     init(path: String?, limit: Int, logger: Logger) throws(PeerLinkError) {
-        peers = Mutex(try path.map { path throws(PeerLinkError) in try KnownPeersStore.load(at: path) } ?? KnownPeers())
+        peers = Locked(try path.map { path throws(PeerLinkError) in try KnownPeersStore.load(at: path) } ?? KnownPeers())
         self.path = path
         self.limit = limit
         self.logger = logger

@@ -1,6 +1,5 @@
 import Foundation
 import PeerLink
-import Synchronization
 
 /// A TCP forwarder on 127.0.0.1: every connection to ``port`` is joined to `target`, byte for
 /// byte both ways, until ``cut()`` closes every connection it carries (as a cable pulled, then
@@ -9,10 +8,10 @@ final class CuttableProxy: Sendable {
     let port: UInt16
     private let listener: TCPListener
     private let target: IPSocketAddress
-    private let connections = Mutex<[TCPConnection]>([])
-    private let task = Mutex<Task<Void, Never>?>(nil)
+    private let connections = Locked<[TCPConnection]>([])
+    private let task = Locked<Task<Void, Never>?>(nil)
     /// Connections forwarded so far.
-    let accepted = Mutex(0)
+    let accepted = Locked(0)
 
     init(to targetPort: UInt16) throws {
         listener = try TCPListener(host: "127.0.0.1", port: 0)

@@ -1,6 +1,5 @@
 import Foundation
 import PeerLink
-import Synchronization
 import Testing
 
 /// Two sessions over loopback TCP, told of each other by hand (no avahi-daemon needed),
@@ -18,7 +17,7 @@ final class DirectPair: Sendable {
     /// Messages the receiver received, in order.
     let atReceiver = Inbox()
     private let listeners: [TCPTransportListener]
-    private let tasks: Mutex<[Task<Void, Never>]>
+    private let tasks: Locked<[Task<Void, Never>]>
 
     init(directory: String) throws {
         let service = try ServiceType("direct-files")
@@ -40,7 +39,7 @@ final class DirectPair: Sendable {
         self.received = received
         let (sender, receiver, fileReceiver) = (self.sender, self.receiver, self.fileReceiver)
         let (atSender, atReceiver) = (self.atSender, self.atReceiver)
-        tasks = Mutex([
+        tasks = Locked([
             Task { await sender.run() },
             Task { await receiver.run() },
             Task { for await event in sender.events { atSender.record(event) } },
@@ -100,7 +99,7 @@ final class Inbox: Sendable {
         var connected: Set<PeerID> = []
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     func record(_ event: PeerSessionEvent) {
         state.withLock { state in
@@ -145,9 +144,9 @@ func residentBytes() -> Int? {
 
 /// A value shared between tasks.
 final class Shared<Value: Sendable>: Sendable {
-    private let lock: Mutex<Value>
+    private let lock: Locked<Value>
 
-    init(_ value: Value) { lock = Mutex(value) }
+    init(_ value: Value) { lock = Locked(value) }
 
     var value: Value { lock.withLock { $0 } }
 

@@ -1,7 +1,6 @@
 import Foundation
 import PeerLink
 import PeerLinkTestSupport
-import Synchronization
 
 /// Two sessions on two transports at once — the in-memory one and loopback TCP (ranked above
 /// it) — told of each other by hand: they meet on the in-memory transport, ``offerTCP()`` makes
@@ -17,7 +16,7 @@ final class MovingPair: Sendable {
     private let memory: [any TransportListener]
     private let changes = Shared<[String]>([])
     private let left = Shared(false)
-    private let tasks: Mutex<[Task<Void, Never>]>
+    private let tasks: Locked<[Task<Void, Never>]>
 
     init(directory: String) throws {
         let service = try ServiceType("moving-files")
@@ -38,7 +37,7 @@ final class MovingPair: Sendable {
         let (received, sink) = AsyncStream.makeStream(of: FileTransfer.self)
         self.received = received
         let (sender, receiver, changes, left) = (self.sender, self.receiver, self.changes, self.left)
-        tasks = Mutex([
+        tasks = Locked([
             Task { await sender.run() },
             Task { await receiver.run() },
             Task {
