@@ -106,7 +106,7 @@ let package = Package(
             name: "peerlink-bench",
             dependencies: [
                 "PeerLink", "CBlueZ", .product(name: "ArgumentParser", package: "swift-argument-parser"),
-                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"), .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
         ),

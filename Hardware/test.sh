@@ -7,10 +7,12 @@
 #        2. Hardware/daemons.sh start (system dbus + lo-only avahi); on exit, `daemons.sh stop`
 #           stops only what this run started (and restarts an avahi a test left stopped)
 #        3. swift build --build-tests, then swift test --skip-build [arguments...] (without
-#           arguments: every suite but the avahi-daemon restarts, the 1 GiB transfers, the 8-host soak and the attacks on a chat, which run alone after), then a
-#           few-second smoke run of the benchmark (peerlink-bench --smoke; loopback only), the
-#           fuzz targets' committed corpus replayed and each target run for a few seconds
-#           (Hardware/fuzz.sh --seconds 3: libFuzzer and AddressSanitizer, its own build)
+#           arguments: every suite but the avahi-daemon restarts, the 1 GiB transfers, the 8-host
+#           soak and the attacks on a chat, which run alone after), then a few-second smoke run
+#           of the benchmark (peerlink-bench --smoke --json, its JSON checked by
+#           Hardware/bench-check.py; loopback only), the fuzz targets' committed corpus replayed
+#           and each target run for a few seconds (Hardware/fuzz.sh --seconds 3: libFuzzer and
+#           AddressSanitizer, its own build); at the end, a list of what failed in swift test
 #        4. the Bluetooth VM lab: Hardware/bluetooth-lab.sh --skip-build runs the Bluetooth suites
 #           in a QEMU VM with two virtual controllers (only when no arguments were given; it
 #           cannot run on a machine that is not x86-64: skipped there, a failure with CI=true)
@@ -185,11 +187,19 @@ else
             logged "${alone[@]}" "$suite" || { alone_rc=$?; [ "$test_rc" = 0 ] && test_rc=$alone_rc; }
         done
     fi
-    # The benchmark's smoke run: it must run to the end; its figures mean nothing in a debug build.
+    # The benchmark's smoke run: it must run to the end and print every measurement --json
+    # promises (bench-check.py); its figures mean nothing in a debug build.
     if [ "$test_rc" = 0 ] && [ $# = 0 ]; then
         bench=$(swift build "${scratch[@]}" --show-bin-path)/peerlink-bench
-        say "benchmark smoke run: $bench --smoke"
-        timeout 300 "$bench" --smoke || { test_rc=$?; say "benchmark smoke run failed (exit $test_rc)"; }
+        say "benchmark smoke run: $bench --smoke --json"
+        bench_json=$(mktemp "${TMPDIR:-/tmp}/peerlink-bench.XXXXXX")
+        if timeout 300 "$bench" --smoke --json >"$bench_json"; then
+            python3 "$HERE/bench-check.py" tcp <"$bench_json" || { test_rc=1; cat "$bench_json"; say "benchmark smoke run: its JSON is not as documented"; }
+        else
+            test_rc=$?
+            say "benchmark smoke run failed (exit $test_rc)"
+        fi
+        rm -f "$bench_json"
     fi
     # The decoders' fuzz targets: the committed corpus replayed (every input that once crashed
     # one stays there), then each target for a few seconds under libFuzzer and AddressSanitizer.

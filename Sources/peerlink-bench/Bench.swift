@@ -37,6 +37,9 @@ struct Bench: AsyncParsableCommand {
     @Flag(help: "Measure RFCOMM and L2CAP between two local Bluetooth adapters instead of loopback TCP.")
     var bluetooth = false
 
+    @Flag(help: "Print one JSON object (build, transport, rows of measurement, encryption, value, unit, baseline) instead of the table.")
+    var json = false
+
     @Option(
         name: .customLong("listen-on"),
         help: ArgumentHelp("With --bluetooth: the adapter of the listening side (default: the first one that is up).", valueName: "hciN"))
@@ -74,53 +77,68 @@ struct Bench: AsyncParsableCommand {
             return handler
         }
         if bluetooth {
+            let report = Report(transport: "bluetooth", json: json)
             try await BluetoothBench(
                 smoke: smoke, volume: volume ?? (smoke ? 128 << 10 : 4 << 20), listenOn: listenOn, dialFrom: dialFrom
-            ).run()
+            ).run(report: report)
+            report.finish()
             return
         }
         let volume = self.volume ?? (smoke ? 2 << 20 : 64 << 20)
         let samples = smoke ? 20 : 500
-        let report = Report()
+        let report = Report(transport: "tcp", json: json)
         report.line("peerlink-bench\(smoke ? " --smoke" : "") — loopback TCP, \(ProcessInfo.processInfo.activeProcessorCount) CPUs, \(Self.buildKind) build")
+        report.line("")
+
+        // The cipher's own limit on this machine, the ceiling of every encrypted figure below.
+        report.section("the AEAD alone (one core, no I/O)", baseline: "")
+        report.aeadLimit(try AEADLimit.measure(seconds: smoke ? 0.05 : 1))
         report.line("")
 
         for encryption in [EncryptionPreference.required, .none] {
             let label = encryption == .none ? "plain" : "encrypted"
             let pair = try await SessionPair.loopback(encryption: encryption)
             report.section("\(label) session (Noise ChaChaPoly\(encryption == .none ? " off" : ""))", baseline: "raw TCP")
-            report.row("found → connected", "\(Report.ms(pair.connectTime))", "", "")
+            report.duration("found → connected", key: "connect", encryption: encryption, pair.connectTime, baseline: nil)
             for size in [64, 1024, 64 * 1024, 1024 * 1024] {
                 // Small messages cost per message: move less of them.
                 let total = size < 1024 ? volume / 16 : size < 64 * 1024 ? volume / 4 : volume
                 let session = try await pair.throughput(messageSize: size, total: total)
                 let raw = try RawTCP.throughput(messageSize: size, total: total)
-                report.throughput("\(Report.size(size)) messages", bytes: total, session: session, raw: raw)
+                report.throughput(
+                    "\(Report.size(size)) messages", key: "messages_\(Report.key(size))", encryption: encryption,
+                    bytes: total, messageSize: size < 1024 ? size : nil, session: session, raw: raw)
             }
             let streamed = try await pair.streamThroughput(total: volume)
             let rawStream = try RawTCP.throughput(messageSize: 64 * 1024, total: volume)
-            report.throughput("one stream of \(Report.size(volume))", bytes: volume, session: streamed, raw: rawStream)
+            report.throughput(
+                "one stream of \(Report.size(volume))", key: "stream", encryption: encryption, bytes: volume, session: streamed, raw: rawStream)
             let alone = try await pair.roundTrips(samples: samples, duringBulk: false)
             let rawRTT = try RawTCP.roundTrips(size: 64, samples: samples)
-            report.latency("64 B round trip", session: alone, raw: rawRTT)
+            report.latency("64 B round trip", key: "rtt", encryption: encryption, session: alone, raw: rawRTT)
             let loaded = try await pair.roundTrips(samples: samples, duringBulk: true)
-            report.latency("64 B round trip during a bulk stream", session: loaded, raw: nil)
+            report.latency("64 B round trip during a bulk stream", key: "rtt", suffix: "_under_bulk", encryption: encryption, session: loaded, raw: nil)
             await pair.close()
             report.line("")
         }
 
         let mesh = try await Mesh.form(peers: 8)
         report.section("mesh", baseline: "")
-        report.row("8-peer mesh formation (encrypted)", Report.ms(mesh), "", "")
+        report.duration("8-peer mesh formation (encrypted)", key: "mesh8", encryption: .required, mesh, baseline: nil)
         report.line("")
         report.peakRSS()
+        report.finish()
     }
 
     static var buildKind: String {
+        isDebug ? "debug (use -c release for real figures)" : "release"
+    }
+
+    static var isDebug: Bool {
         #if DEBUG
-        "debug (use -c release for real figures)"
+        true
         #else
-        "release"
+        false
         #endif
     }
 }
@@ -283,36 +301,130 @@ func withDeadline<T: Sendable>(
     }
 }
 
-/// The results table, printed as it grows.
+/// The results: a table printed as it grows, or (with `--json`) one JSON object at the end.
 final class Report: Sendable {
-    func line(_ text: String) { print(text) }
+    /// One measurement as `--json` prints it.
+    struct Row: Encodable, Sendable {
+        let measurement: String
+        let encryption: String?
+        let value: Double
+        /// "B/s", "msg/s", "s" or "B".
+        let unit: String
+        /// The raw figure measured in the same run, when there is one.
+        let baseline: Double?
+
+        enum CodingKeys: String, CodingKey { case measurement, encryption, value, unit, baseline }
+
+        func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(measurement, forKey: .measurement)
+            try container.encode(encryption, forKey: .encryption)  // null when it does not apply
+            try container.encode(value, forKey: .value)
+            try container.encode(unit, forKey: .unit)
+            try container.encode(baseline, forKey: .baseline)  // null when nothing raw was measured
+        }
+    }
+
+    private struct Document: Encodable {
+        let build: String
+        let transport: String
+        let rows: [Row]
+    }
+
+    let transport: String
+    let json: Bool
+    private let rows = Locked<[Row]>([])
+
+    init(transport: String, json: Bool) {
+        self.transport = transport
+        self.json = json
+    }
+
+    var measured: [Row] { rows.withLock { $0 } }
+
+    func line(_ text: String) {
+        if !json { print(text) }
+    }
 
     func section(_ title: String, baseline: String) {
-        print("\(title)")
-        print("  " + pad("measurement", 42) + pad("PeerLink", 16) + pad(baseline, 16) + (baseline.isEmpty ? "" : "ratio"))
+        line("\(title)")
+        line("  " + pad("measurement", 42) + pad("PeerLink", 16) + pad(baseline, 16) + (baseline.isEmpty ? "" : "ratio"))
     }
 
     func row(_ name: String, _ session: String, _ raw: String, _ ratio: String) {
-        print("  " + pad(name, 42) + pad(session, 16) + pad(raw, 16) + ratio)
+        line("  " + pad(name, 42) + pad(session, 16) + pad(raw, 16) + ratio)
     }
 
-    func throughput(_ name: String, bytes: Int, session: Double, raw: Double) {
+    private func record(_ measurement: String, _ encryption: EncryptionPreference?, _ value: Double, _ unit: String, baseline: Double?) {
+        let encryption = encryption.map { $0 == .none ? "none" : "required" }
+        rows.withLock {
+            $0.append(Row(measurement: measurement, encryption: encryption, value: value, unit: unit, baseline: baseline))
+        }
+    }
+
+    /// `bytes` moved in `session` seconds next to the same bytes raw in `raw` seconds; with
+    /// `messageSize`, recorded as messages a second rather than bytes.
+    func throughput(
+        _ name: String, key: String, encryption: EncryptionPreference?, bytes: Int, messageSize: Int? = nil, session: Double, raw: Double
+    ) {
         let s = Double(bytes) / session
         let r = Double(bytes) / raw
-        row(name, Self.rate(s), Self.rate(r), String(format: "%.2f", s / r))
+        var shown = Self.rate(s)
+        if let messageSize {
+            let perSecond = s / Double(messageSize)
+            shown = String(format: "%.0f msg/s", perSecond)
+            row(name, shown, String(format: "%.0f msg/s", r / Double(messageSize)), String(format: "%.2f", s / r))
+            record(key, encryption, perSecond, "msg/s", baseline: r / Double(messageSize))
+            return
+        }
+        row(name, shown, Self.rate(r), String(format: "%.2f", s / r))
+        record(key, encryption, s, "B/s", baseline: r)
     }
 
-    func latency(_ name: String, session: [Double], raw: [Double]?) {
+    /// Round trips: `key`_p50 and `key`_p99 (each followed by `suffix`), in seconds.
+    func latency(
+        _ name: String, key: String, suffix: String = "", encryption: EncryptionPreference?, session: [Double], raw: [Double]?
+    ) {
         let s = Self.percentiles(session)
         let r = raw.map(Self.percentiles)
         row(name + " p50", Self.us(s.p50), r.map { Self.us($0.p50) } ?? "", r.map { String(format: "%.2f", s.p50 / $0.p50) } ?? "")
         row(name + " p99", Self.us(s.p99), r.map { Self.us($0.p99) } ?? "", r.map { String(format: "%.2f", s.p99 / $0.p99) } ?? "")
+        record("\(key)_p50\(suffix)", encryption, s.p50, "s", baseline: r?.p50)
+        record("\(key)_p99\(suffix)", encryption, s.p99, "s", baseline: r?.p99)
+    }
+
+    /// A time (connect, mesh formation), next to a raw one when there is one.
+    func duration(_ name: String, key: String, encryption: EncryptionPreference?, _ value: Duration, baseline: Duration?) {
+        let v = durationSeconds(value)
+        let b = baseline.map(durationSeconds)
+        row(name, Self.ms(value), baseline.map(Self.ms) ?? "", b.map { String(format: "%.2f", v / $0) } ?? "")
+        record(key, encryption, v, "s", baseline: b)
+    }
+
+    func aeadLimit(_ bytesPerSecond: Double) {
+        row("ChaChaPoly sealing 16 KiB records", Self.rate(bytesPerSecond), "", "")
+        record("aead_limit", nil, bytesPerSecond, "B/s", baseline: nil)
     }
 
     func peakRSS() {
         var usage = rusage()
         getrusage(RUSAGE_SELF.rawValue, &usage)
         line("peak RSS: \(usage.ru_maxrss / 1024) MiB")
+        record("rss_peak", nil, Double(usage.ru_maxrss) * 1024, "B", baseline: nil)
+    }
+
+    /// With `--json`: prints the JSON object of every row recorded.
+    func finish() {
+        guard json else { return }
+        let document = Document(build: Bench.isDebug ? "debug" : "release", transport: transport, rows: measured)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        guard let data = try? encoder.encode(document), let text = String(data: data, encoding: .utf8) else {
+            // Only a NaN or an infinity cannot be encoded: a measurement that took no time.
+            print(#"{"error": "a measurement could not be written as JSON (a figure was not finite)"}"#)
+            return
+        }
+        print(text)
     }
 
     static func percentiles(_ values: [Double]) -> (p50: Double, p99: Double) {
@@ -331,6 +443,8 @@ final class Report: Sendable {
     }
     static func ms(_ duration: Duration) -> String { String(format: "%.1f ms", durationSeconds(duration) * 1000) }
     static func size(_ bytes: Int) -> String { bytes >= 1 << 20 ? "\(bytes >> 20) MiB" : bytes >= 1024 ? "\(bytes >> 10) KiB" : "\(bytes) B" }
+    /// A size as a measurement name has it: 64B, 1KiB, 64KiB, 1MiB.
+    static func key(_ bytes: Int) -> String { size(bytes).replacingOccurrences(of: " ", with: "") }
 
     private func pad(_ text: String, _ width: Int) -> String {
         text.count >= width ? text + " " : text + String(repeating: " ", count: width - text.count)

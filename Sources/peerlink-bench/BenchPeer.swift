@@ -1,6 +1,5 @@
 import Foundation
 import PeerLink
-import Synchronization
 
 /// One session of the benchmark, with its events consumed in a task of its own: it counts bulk
 /// bytes, echoes pings, answers pongs, and records who is connected.
@@ -11,7 +10,7 @@ final class BenchPeer: Sendable {
 
     let session: PeerSession
     let listeners: [any TransportListener]
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     private struct State {
         var bytes = 0
@@ -156,5 +155,5 @@ final class BenchPeer: Sendable {
 }
 
 final class FailureBox: Sendable {
-    let value = Mutex<PeerLinkError?>(nil)
+    let value = Locked<PeerLinkError?>(nil)
 }

@@ -14,13 +14,12 @@ struct BluetoothBench {
         name.hasPrefix("hci") && name.count > 3 && name.dropFirst(3).allSatisfy(\.isNumber)
     }
 
-    func run() async throws {
+    func run(report: Report) async throws {
         let (listening, dialling) = try chooseAdapters()
         guard let listenAddress = BluetoothAddress(listening.address), let dialAddress = BluetoothAddress(dialling.address) else {
             throw BenchError("the adapters report addresses PeerLink cannot read: \(listening.address), \(dialling.address)")
         }
         let samples = smoke ? 10 : 200
-        let report = Report()
         report.line(
             "peerlink-bench --bluetooth\(smoke ? " --smoke" : "") — \(listening.name) \(listening.address) listens, "
                 + "\(dialling.name) \(dialling.address) dials and sends; \(ProcessInfo.processInfo.activeProcessorCount) CPUs, "
@@ -44,6 +43,7 @@ struct BluetoothBench {
         dialling: BluetoothAdapter, samples: Int
     ) async throws {
         let name = kind.rawValue.uppercased()
+        let prefix = kind.rawValue.lowercased() + "_"
         try await waitForNoLink(dialling)
         let first = try RawBluetoothLink.connect(kind, listenOn: listenOn, dialFrom: dialFrom)
         first.close()
@@ -62,21 +62,26 @@ struct BluetoothBench {
                 title += "; \(raw.retransmissionMode == true ? "ERTM" : "Basic mode"), MTU \(mtu) both"
             }
             report.section(title, baseline: "raw \(name)")
-            report.row(
-                "connect (+ handshake, invitation)", Report.ms(pair.connectTime), Report.ms(first.connectTime),
-                String(format: "%.2f", durationSeconds(pair.connectTime) / durationSeconds(first.connectTime)))
+            report.duration(
+                "connect (+ handshake, invitation)", key: prefix + "connect", encryption: .required, pair.connectTime,
+                baseline: first.connectTime)
             for size in [1024, 64 * 1024] {
                 let session = try await pair.throughput(messageSize: size, total: volume)
                 report.throughput(
-                    "\(Report.size(size)) messages, \(Report.size(volume))", bytes: volume, session: session,
-                    raw: try raw.throughput(total: volume))
+                    "\(Report.size(size)) messages, \(Report.size(volume))", key: prefix + "messages_\(Report.key(size))",
+                    encryption: .required, bytes: volume, session: session, raw: try raw.throughput(total: volume))
             }
             let streamed = try await pair.streamThroughput(total: volume)
-            report.throughput("one stream of \(Report.size(volume))", bytes: volume, session: streamed, raw: try raw.throughput(total: volume))
+            report.throughput(
+                "one stream of \(Report.size(volume))", key: prefix + "stream", encryption: .required, bytes: volume, session: streamed,
+                raw: try raw.throughput(total: volume))
             let alone = try await pair.roundTrips(samples: samples, duringBulk: false)
-            report.latency("64 B round trip", session: alone, raw: try raw.roundTrips(size: 64, samples: samples))
+            report.latency(
+                "64 B round trip", key: prefix + "rtt", encryption: .required, session: alone, raw: try raw.roundTrips(size: 64, samples: samples))
             let loaded = try await pair.roundTrips(samples: samples, duringBulk: true)
-            report.latency("64 B round trip during a bulk stream", session: loaded, raw: nil)
+            report.latency(
+                "64 B round trip during a bulk stream", key: prefix + "rtt", suffix: "_under_bulk", encryption: .required, session: loaded,
+                raw: nil)
         } catch {
             raw.close()
             await pair.close()
