@@ -159,6 +159,12 @@ public final class PeerChannel: Sendable {
         }
     }
 
+    /// Whether messages or stream bytes still wait here for a link, or were written and are not
+    /// yet acknowledged by the peer.
+    var hasUndeliveredFrames: Bool {
+        state.withLock { $0.continuity.retainedCount > 0 || $0.scheduler.hasPayloadFrames }
+    }
+
     /// The link the channel's frames go out on now.
     public var activeLink: Link? { state.withLock { $0.active } }
 

@@ -433,6 +433,38 @@ public final class PeerSession: Sendable {
         core.withLock { $0.channels[peer.fingerprint] }
     }
 
+    /// Waits until every peer of the session — connected, or reconnecting within its grace
+    /// after losing its link — has acknowledged every reliable message and stream byte sent to
+    /// it so far; at most `limit`. Returns whether they all did.
+    ///
+    /// For a program that sends and then leaves: ``disconnect()`` hands what is queued to the
+    /// links there are, so what is still on its way to a peer whose link is being replaced would
+    /// be lost. (Unreliable messages are not waited for.)
+    public func waitUntilDelivered(within limit: Duration) async -> Bool {
+        let deadline = time.now() + limit
+        while hasUndeliveredData {
+            guard time.now() < deadline else { return false }
+            do {
+                try await clock.sleep(for: .milliseconds(20))
+            } catch {
+                return !hasUndeliveredData
+            }
+        }
+        return true
+    }
+
+    /// Whether a peer of the session has not acknowledged something sent to it (see
+    /// ``waitUntilDelivered(within:)``).
+    package var hasUndeliveredData: Bool {
+        let channels = core.withLock { core -> [PeerChannel]? in
+            let members = core.machine.connectedPeers
+            if members.contains(where: { core.machine.hasQueuedMessages(to: $0) }) { return nil }
+            return members.compactMap { core.channels[$0.fingerprint] }
+        }
+        guard let channels else { return true }
+        return channels.contains { $0.hasUndeliveredFrames }
+    }
+
     /// Leaves the session: messages already accepted by ``send(_:to:reliable:)`` are queued on
     /// their links, then `GO_AWAY` code 0 on every link, every peer *not connected*. Returns
     /// once ``run()`` has closed every link and returned (at most a few seconds; at once when

@@ -247,6 +247,7 @@ struct Chat: AsyncParsableCommand {
         for await line in console.lines() {
             switch line.trimmingCharacters(in: .whitespaces) {
             case "/quit":
+                await waitUntilDelivered(session: session, console: console)
                 return 0
             case "/peers":
                 let statuses = await node.connectedPeerStatuses()
@@ -278,7 +279,20 @@ struct Chat: AsyncParsableCommand {
                 return 1
             }
         }
+        await waitUntilDelivered(session: session, console: console)
         return 0
+    }
+
+    /// How long chat, leaving, waits for its last lines to reach a peer whose link is being
+    /// replaced (a cable cut and plugged back, a move between Bluetooth and the LAN).
+    static let deliveryLinger: Duration = .seconds(10)
+
+    /// Before leaving: every peer acknowledged every line, or `deliveryLinger` passed (then a
+    /// warning; the lines were sent, a peer that comes back later will not get them).
+    static func waitUntilDelivered(session: PeerSession, console: ChatConsole) async {
+        if await session.waitUntilDelivered(within: deliveryLinger) { return }
+        console.warning(
+            "peerlink: a peer has not acknowledged the last lines within \(deliveryLinger) (its link is down); leaving anyway")
     }
 
     /// Sends pending lines to everyone connected; with a limit, waits up to it for a first peer.

@@ -192,11 +192,16 @@ struct ContinuityRuntimeTests {
             try await bo.node.log.wait("Bo sees Ana connected") { $0.state(of: ana.node.peer) == .connected }
             try await ana.node.session.send(Array("before".utf8), to: [bo.node.peer])
             try await bo.node.log.wait("the first line at Bo") { $0.messages(from: ana.node.peer).count == 1 }
+            #expect(await ana.node.session.waitUntilDelivered(within: .seconds(5)), "Bo acknowledges the first line")
             // The cable is pulled: nothing arrives either way, nobody is told. Lines sent now wait.
             network.cut("bo")
             network.cut("ana")
             for index in 1...5 { try await ana.node.session.send(Array("during \(index)".utf8), to: [bo.node.peer]) }
-            try await ana.node.log.wait("Ana: Bo on a new link", within: .seconds(25)) { events in
+            // A program that sends and leaves can wait for them: not delivered while the link is
+            // dead, delivered once Bo is back on a new one.
+            #expect(await !ana.node.session.waitUntilDelivered(within: .milliseconds(300)))
+            #expect(await ana.node.session.waitUntilDelivered(within: .seconds(25)), "the lines reach Bo once the pair is back")
+            try await ana.node.log.wait("Ana: Bo on a new link", within: .seconds(5)) { events in
                 !Self.transportChanges(events, about: bo.node.peer).isEmpty
             }
             try await bo.node.log.wait("every line at Bo", within: .seconds(10)) { $0.messages(from: ana.node.peer).count >= 6 }

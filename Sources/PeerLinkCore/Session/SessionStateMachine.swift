@@ -134,6 +134,12 @@ public struct SessionStateMachine: Sendable {
         peers.values.filter(\.isMember).map(\.id).sorted { $0.fingerprint < $1.fingerprint }
     }
 
+    /// Whether messages the app sent to `peer` still wait in the session's queue for it (not
+    /// yet handed to the peer's channel).
+    public func hasQueuedMessages(to peer: PeerID) -> Bool {
+        peers[peer.fingerprint]?.outbox.hasMessages ?? false
+    }
+
     /// The established links to `peer`, oldest first.
     public func links(to peer: PeerID) -> [LinkID] {
         peers[peer.fingerprint]?.links ?? []

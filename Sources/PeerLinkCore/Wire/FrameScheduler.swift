@@ -32,6 +32,9 @@ public struct FrameScheduler: Sendable {
 
     public var isEmpty: Bool { control.isEmpty && messages.isEmpty && turns.isEmpty }
 
+    /// Whether message or stream data frames wait (control frames aside).
+    public var hasPayloadFrames: Bool { !messages.isEmpty || !turns.isEmpty }
+
     /// Frames waiting, in every lane.
     public var count: Int { control.count + messages.count + streams.values.reduce(0) { $0 + $1.count } }
 
