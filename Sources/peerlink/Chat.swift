@@ -31,7 +31,8 @@ struct Chat: AsyncParsableCommand {
             When standard input or output is not a terminal, chat is scriptable: one line in is one \
             message (lines read before anybody is connected wait for the first peer, up to --wait \
             seconds), each message received is printed as "NAME: TEXT", joins and leaves as \
-            "* NAME joined" and "* NAME left"; at the end of input it sends what it read and exits 0.
+            "* NAME joined" and "* NAME left"; at the end of input it sends what it read, waits (up \
+            to 10 s) until every peer acknowledged it, even one whose link is being replaced, and exits 0.
             """)
 
     @Option(parsing: .unconditional, help: "The display name others see: 1 to 63 bytes of UTF-8.")
