@@ -4,14 +4,15 @@
 # usage: Hardware/sanitizers.sh [--address] [--thread] [--filter REGEX]
 #
 #   --address      AddressSanitizer (with LeakSanitizer): the default
-#   --thread       ThreadSanitizer. On Linux it does not see Swift's Synchronization.Mutex
-#                  (a futex of its own, not a pthread mutex), so it reports the accesses every
-#                  lock protects as races: its count is not a verdict until the locks are
-#                  visible to it (see the Reliability article).
+#   --thread       ThreadSanitizer (PeerLink's locks are `Locked`, pthread mutexes it sees;
+#                  Swift's Synchronization.Mutex, a bare futex on Linux, would be reported as
+#                  races)
 #   --filter R     the tests to run (default: the PeerLinkCoreTests, PeerLinkSessionTests and
 #                  PeerLinkFilesTests targets — the suites that need no daemon, no root and no
 #                  other process)
 #
+# The tests run one at a time (--no-parallel): a sanitizer slows code 5-15 times, and beside
+# each other the suites' timed expectations (keep-alives, handshakes) fail for that alone.
 # Each sanitizer has its own build directory (.build-tsan, .build-asan; or
 # PEERLINK_SANITIZER_SCRATCH_PREFIX-thread / -address), built with `swift build --build-tests
 # --sanitize=…` and run with `swift test --skip-build --sanitize=…`. A sanitizer report fails the
@@ -76,7 +77,7 @@ for sanitizer in "${sanitizers[@]}"; do
     built=$(date +%s)
     say "$sanitizer: running the tests matching $filter"
     rc=0
-    swift test --skip-build --scratch-path "$scratch" --sanitize="$sanitizer" --filter "$filter" >>"$log" 2>&1 || rc=$?
+    swift test --skip-build --scratch-path "$scratch" --sanitize="$sanitizer" --no-parallel --filter "$filter" >>"$log" 2>&1 || rc=$?
     done_at=$(date +%s)
     reports=$(grep -cE "WARNING: ThreadSanitizer|ERROR: AddressSanitizer|ERROR: LeakSanitizer" "$log" || true)
     summary=$(grep -E "Test run with [0-9]+ tests" "$log" | tail -n 1 || true)
