@@ -41,6 +41,7 @@ struct HostileChatTests {
         try await victim.waitForStderrLine(containing: "Chatting as Victim", timeout: .seconds(30))
         let port = try await Self.port(of: "Victim", service: service)
         let baseline = try #require(Self.openDescriptors(victim.pid))
+        let residentBefore = try #require(Self.peakResident(victim.pid))
 
         final class Tally: Sendable {
             let sockets = Locked<[AttackerSocket]>([])
@@ -111,6 +112,12 @@ struct HostileChatTests {
         #expect(highest < Self.descriptorLimit, "the victim reached \(highest) descriptors of \(Self.descriptorLimit)")
         #expect(attempts > 500, "only \(attempts) attacking connections got through to the victim")
         #expect(!victim.stderr.contains("no longer accepting"), "\(victim.stderr.suffix(2000))")
+        // Memory: the links in their handshake are capped and each holds at most a record's
+        // buffer, so thousands of connections cost the victim a bounded few MiB.
+        if let peak = Self.peakResident(victim.pid) {
+            print("descriptor exhaustion: the victim's peak memory grew by \(peak - residentBefore) bytes")
+            #expect(peak - residentBefore < 32 << 20, "the victim's peak memory grew by \(peak - residentBefore) bytes during the attack")
+        }
 
         // Once the attackers are gone, descriptors come back down and new links are accepted.
         for socket in tally.sockets.withLock({ $0 }) { socket.close() }
