@@ -69,32 +69,30 @@ public final class TCPListener: Sendable {
         self.descriptor = Descriptor(socket)
     }
 
-    /// Waits for the next connection. Throws once the listener is closed, and
-    /// `CancellationError` when the task is cancelled (noticed within 100 ms). A lack of
-    /// descriptors or memory is waited out, never thrown (see ``AcceptGuard``).
+    /// Waits for the next connection: tried at once, and while none is pending, parked on
+    /// ``Readiness``'s thread (no thread of its own, no polling). Throws once the listener is
+    /// closed, and `CancellationError` when the task is cancelled. A lack of descriptors or
+    /// memory is waited out, never thrown (see ``AcceptGuard``).
     public func accept() async throws -> TCPConnection {
-        let descriptor = self.descriptor
-        let acceptGuard = self.acceptGuard
-        let accepted = try await runBlockingCancellable("peerlink-accept") { flag throws -> Int32 in
-            while true {
-                let step = try descriptor.withFD("accept") { fd throws(SystemError) -> AcceptGuard.Step in
-                    let step = try acceptGuard.step(listening: fd) { fd throws(SystemError) in
-                        try Sys.wouldBlockAsNil { () throws(SystemError) in try Sys.accept(fd) }
-                    }
-                    if let step { return step }
-                    // Nothing pending: wait for a connection, a slice at a time.
-                    _ = try Sys.poll(fd, events: Int16(POLLIN), timeoutMilliseconds: pollSlice)
-                    return .again
-                }
-                switch step {
-                case .accepted(let fd): return fd
-                case .again: break
-                case .pause(let pause): try sleep(pause, cancellation: flag)
-                }
-                try flag.check()
+        while true {
+            try Task.checkCancellation()
+            let fd = try descriptor.acquire("accept")
+            defer { descriptor.release() }
+            let step = try acceptGuard.step(listening: fd) { fd throws(SystemError) in
+                try Sys.wouldBlockAsNil { () throws(SystemError) in try Sys.accept(fd) }
+            }
+            switch step {
+            case .accepted(let accepted):
+                return TCPConnection(fd: accepted)
+            case .again:
+                continue
+            case .pause(let pause):
+                try await Task.sleep(for: pause)
+            case nil:
+                // Nothing pending: until a connection comes (or close() shuts the socket down).
+                try await Readiness.shared.wait(for: fd, events: Int16(POLLIN))
             }
         }
-        return TCPConnection(fd: accepted)
     }
 
     /// Counts of what the accept path shed and waited out (see ``AcceptGuard``).
@@ -190,24 +188,34 @@ public final class TCPConnection: Sendable {
     /// - Throws: a ``SystemError`` (`ETIMEDOUT` after `timeout`), `CancellationError` when the
     ///   task is cancelled.
     public static func connect(to address: IPSocketAddress, timeout: Duration) async throws -> TCPConnection {
-        let fd = try await runBlockingCancellable("peerlink-connect") { flag throws -> Int32 in
-            try connectBlocking(to: address, timeout: timeout, cancellation: flag)
-        }
-        return TCPConnection(fd: fd)
-    }
-
-    static func connectBlocking(
-        to address: IPSocketAddress, timeout: Duration, cancellation: CancellationFlag? = nil
-    ) throws -> Int32 {
         let fd = try Sys.socket(address.family == .ipv4 ? AF_INET : AF_INET6, Int32(SOCK_STREAM.rawValue), 0)
         do {
             try Sys.setNonBlocking(fd, true)
             let done = try address.withSockAddr { pointer, length throws(SystemError) in
                 try Sys.connectNonBlocking(fd, pointer, length)
             }
-            if !done { try finishConnect(fd, timeout: timeout, cancellation: cancellation) }
+            if !done {
+                // In progress: parked on Readiness's thread until the socket is writable (the
+                // handshake ended, one way or the other), or the time is up.
+                let finished = try await withThrowingTaskGroup(of: Bool.self) { group in
+                    group.addTask {
+                        try await Readiness.shared.wait(for: fd, events: Int16(POLLOUT))
+                        return true
+                    }
+                    group.addTask {
+                        try await Task.sleep(for: timeout)
+                        return false
+                    }
+                    defer { group.cancelAll() }
+                    return try await group.next() ?? false
+                }
+                try Task.checkCancellation()
+                guard finished else { throw SystemError("connect", errno: ETIMEDOUT) }
+                let error = try Sys.getOption(fd, SOL_SOCKET, SO_ERROR)
+                if error != 0 { throw SystemError("connect", errno: error) }
+            }
             try Sys.setNonBlocking(fd, false)
-            return fd
+            return TCPConnection(fd: fd)
         } catch {
             Sys.close(fd)
             throw error
