@@ -125,8 +125,9 @@ func sleep(_ duration: Duration, cancellation: CancellationFlag) throws(Cancella
 
 /// A connected TCP socket (`TCP_NODELAY` on).
 ///
-/// ``read(maxCount:)`` and ``write(_:)`` block on a thread of their own, never on a thread of
-/// Swift concurrency's pool. At most one read and one write at a time.
+/// ``read(maxCount:)`` and ``write(_:)`` never block a thread: each tries the call at once and
+/// parks on the process's I/O thread (``Readiness``) only when it would block. At most one read
+/// and one write at a time.
 public final class TCPConnection: Sendable {
     private let descriptor: Descriptor
 

@@ -931,12 +931,14 @@ public final class Link: Sendable {
     /// Wakes the writer for new bytes or the close (once the lock is released).
     func wakeWriter(_ state: inout State) {
         guard let writer = state.writerWaiter else { return }
+        // Taken while the batch is made: sealing can close the link, which wakes the writer.
+        state.writerWaiter = nil
         if let batch = takeBatch(&state) {
-            state.writerWaiter = nil
             state.outbox.add { writer.resume(returning: batch) }
         } else if state.closure != nil {
-            state.writerWaiter = nil
             state.outbox.add { writer.resume(returning: nil) }
+        } else {
+            state.writerWaiter = writer
         }
     }
 
@@ -959,19 +961,24 @@ public final class Link: Sendable {
     }
 
     /// The next bytes for one write: what is sealed already, then frames from the scheduler in
-    /// its order, sealed now, up to ``batchLimit``. Marks the writer busy.
+    /// its order and the channel's, up to ``batchLimit``, sealed now into as few records as they
+    /// fit (many small messages share a record). Marks the writer busy.
     private func takeBatch(_ state: inout State) -> [UInt8]? {
         guard !state.writerDone else { return nil }
         var size = state.queue.reduce(0) { $0 + $1.count }
+        var frames: [(frame: Frame, sequence: UInt64?)] = []
         while size < Self.batchLimit, state.closure == nil, let frame = state.scheduler.next() {
-            size += seal(frame, in: &state)
+            size += FrameScheduler.size(of: frame)
+            frames.append((frame, nil))
         }
         if let channel = state.channel, state.closure == nil, size < Self.batchLimit {
             for (frame, sequence) in channel.take(for: self, limit: Self.batchLimit - size, at: clock.now()) {
-                size += seal(frame, sequence: sequence, in: &state)
+                size += FrameScheduler.size(of: frame)
+                frames.append((frame, sequence))
             }
             state.outbox.add { channel.deliverPending() }
         }
+        seal(frames, in: &state)
         guard !state.queue.isEmpty else { return nil }
         var batch: [UInt8]
         if state.queue.count == 1 {
@@ -994,21 +1001,15 @@ public final class Link: Sendable {
         return batch
     }
 
-    /// Seals one frame onto the queue (a sequenced one with its number); returns the bytes added.
-    private func seal(_ frame: Frame, sequence: UInt64? = nil, in state: inout State) -> Int {
+    /// Seals frames (sequenced ones with their numbers) onto the queue, packed into records.
+    private func seal(_ frames: [(frame: Frame, sequence: UInt64?)], in state: inout State) {
+        guard !frames.isEmpty else { return }
         do throws(WireError) {
-            var added = 0
-            for output in try state.machine.send(frame, sequence: sequence, at: clock.now()) {
-                guard case .send(let bytes) = output else { continue }
-                state.queue.append(bytes)
-                state.queuedBytes += bytes.count
-                added += bytes.count
-            }
-            return added
+            let logs = apply(try state.machine.send(frames, at: clock.now()), to: &state, from: .send)
+            if !logs.isEmpty { state.outbox.add { self.emit(logs) } }
         } catch {
-            // Unreachable: frames are checked when they are scheduled.
-            logger.error("a scheduled frame could not be sealed", metadata: ["frame": "\(frame)", "reason": "\(error.reason)"])
-            return 0
+            // Unreachable: frames are taken only once the link is established.
+            logger.error("frames could not be sealed", metadata: ["frames": "\(frames.count)", "reason": "\(error.reason)"])
         }
     }
 
@@ -1016,15 +1017,17 @@ public final class Link: Sendable {
     /// queued before a close still goes out.
     private func flushScheduler(_ state: inout State) {
         guard state.closure == nil, !state.writerDone else { return }
-        while let frame = state.scheduler.next() { _ = seal(frame, in: &state) }
+        var frames: [(frame: Frame, sequence: UInt64?)] = []
+        while let frame = state.scheduler.next() { frames.append((frame, nil)) }
         // and what the channel has for this link (when it is the active one), so what was sent
         // before a close goes out before it
         if let channel = state.channel {
             for (frame, sequence) in channel.take(for: self, limit: .max, at: clock.now(), final: true) {
-                _ = seal(frame, sequence: sequence, in: &state)
+                frames.append((frame, sequence))
             }
             state.outbox.add { channel.deliverPending() }
         }
+        seal(frames, in: &state)
     }
 }
 

@@ -101,6 +101,71 @@ struct WireLinkTests {
         #expect(pair.listenerEvents.last == .sequenced(.message(id: 1, flags: [], chunk: secret), sequence: 1))
     }
 
+    @Test(arguments: [true, false])
+    func framesSentTogetherShareRecords(_ encrypted: Bool) throws {
+        let preference: EncryptionPreference = encrypted ? .required : .none
+        var pair = LinkPair(dialer: WireFixture.preface(preference), listener: WireFixture.preface(preference))
+        pair.connect()
+        let handshakeBytes = pair.dialerWire.count
+        // 2,000 small messages, a full-size chunk among them, and frames of the link's own.
+        var frames: [(frame: Frame, sequence: UInt64?)] = []
+        var expected: [LinkOutput] = []
+        for index in 0..<2000 {
+            let sequence = UInt64(index + 1)
+            let size = index == 700 ? WireFormat.maxFramePayload : 64
+            let frame = Frame.message(id: UInt32(index + 1), flags: [], chunk: [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: size))
+            frames.append((frame, sequence))
+            expected.append(.sequenced(frame, sequence: sequence))
+            if index % 500 == 0 {
+                frames.append((.datagram([1, 2, 3]), nil))
+                expected.append(.frame(.datagram([1, 2, 3])))
+            }
+        }
+        let frameBytes = frames.reduce(0) { $0 + FrameScheduler.size(of: $1.frame) }
+        pair.absorbDialer(try pair.dialer.send(frames, at: pair.now))
+        pair.pump()
+        #expect(Array(pair.listenerEvents.suffix(expected.count)) == expected)
+        // Records as full as the frames allow: the wire holds the frames, and per record only
+        // its length (and tag).
+        let limit = pair.dialer.recordPayloadLimit
+        #expect(limit == (encrypted ? 65519 : 65535))
+        var records = 0
+        var fill = 0
+        var holdsSmall = false
+        for (frame, _) in frames {
+            let size = FrameScheduler.size(of: frame)
+            let large = size > LinkStateMachine.smallFrameLimit
+            if fill > 0, fill + size > limit || (large && holdsSmall) {
+                records += 1
+                fill = 0
+                holdsSmall = false
+            }
+            fill += size
+            if !large { holdsSmall = true }
+        }
+        records += 1
+        #expect(records < 10)
+        #expect(pair.dialerWire.count - handshakeBytes == frameBytes + records * (2 + (encrypted ? 16 : 0)))
+    }
+
+    @Test func goAwayInABatchClosesAfterWhatCameBefore() throws {
+        var pair = WireLinkHostileTests.establishedPair(.required)
+        let before = Frame.message(id: 1, flags: [], chunk: [7])
+        let after = Frame.message(id: 2, flags: [], chunk: [8])
+        pair.absorbDialer(
+            try pair.dialer.send([(before, 1), (Frame.goAway(code: .normal, reason: "done"), nil), (after, 2)], at: pair.now))
+        pair.pump()
+        let expected: [LinkOutput] = [.sequenced(before, sequence: 1), .closed(code: .normal, reason: "done", byPeer: true)]
+        #expect(Array(pair.listenerEvents.suffix(2)) == expected)
+        #expect(pair.dialerEvents.last == .closed(code: .normal, reason: "done", byPeer: false))
+    }
+
+    @Test func batchBeforeTheHandshakeThrows() {
+        var link = LinkStateMachine(
+            role: .dialer, identity: .generate(), preface: WireFixture.preface(), hello: WireFixture.hello("Ana"))
+        #expect(throws: WireError.self) { try link.send([(.datagram([1]), nil)], at: .zero) }
+    }
+
     @Test func versionMismatchBetweenMachines() throws {
         var pair = LinkPair(listener: WireFixture.preface(versions: [9]))
         pair.connect()

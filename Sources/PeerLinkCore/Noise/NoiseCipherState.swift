@@ -1,4 +1,5 @@
 import Crypto
+import struct Foundation.Data
 
 /// A Noise CipherState (§5.1): a ChaChaPoly key `k` (possibly empty) and a 64-bit nonce `n`.
 ///
@@ -63,6 +64,29 @@ public struct NoiseCipherState: Sendable {
         let sealed = try Self.encrypt(key: key, nonce: nonce, ad: ad, plaintext: plaintext)
         nonce += 1
         return sealed
+    }
+
+    /// `EncryptWithAd(ad, plaintext)` that appends the ciphertext and tag (or the plaintext, with
+    /// no key yet) to `output`, so a record is built in one buffer.
+    public mutating func encryptWithAd(_ ad: [UInt8], plaintext: [UInt8], appendingTo output: inout [UInt8]) throws(NoiseError) {
+        guard let key else {
+            output.append(contentsOf: plaintext)
+            return
+        }
+        guard nonce != Self.reservedNonce else { throw .nonceExhausted }
+        do {
+            let box = try ChaChaPoly.seal(plaintext, using: key, nonce: Self.chachaNonce(nonce), authenticating: ad)
+            Self.append(box.ciphertext, to: &output)
+            Self.append(box.tag, to: &output)
+        } catch {
+            throw .invalidKeyMaterial("ChaChaPoly encryption failed: \(error)")
+        }
+        nonce += 1
+    }
+
+    /// Appends `data` to `output` in one copy.
+    private static func append(_ data: Data, to output: inout [UInt8]) {
+        data.withUnsafeBytes { raw in output.append(contentsOf: raw.bindMemory(to: UInt8.self)) }
     }
 
     /// `DecryptWithAd(ad, ciphertext)`: the plaintext, or the ciphertext itself if there is no

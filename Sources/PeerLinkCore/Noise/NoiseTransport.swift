@@ -64,6 +64,16 @@ public struct NoiseTransport: Sendable {
         return try sendCipher.encryptWithAd([], plaintext: plaintext)
     }
 
+    /// Encrypts one message (empty associated data), appending it to `output`.
+    ///
+    /// - Throws: as ``seal(_:)``; nothing is appended then.
+    public mutating func seal(_ plaintext: [UInt8], appendingTo output: inout [UInt8]) throws(NoiseError) {
+        guard plaintext.count <= Self.maxPlaintextLength else {
+            throw .messageTooLong(length: plaintext.count, limit: Self.maxPlaintextLength)
+        }
+        try sendCipher.encryptWithAd([], plaintext: plaintext, appendingTo: &output)
+    }
+
     /// Decrypts the peer's next message.
     ///
     /// - Throws: ``NoiseError/messageTooLong(length:limit:)`` above 65535 bytes;

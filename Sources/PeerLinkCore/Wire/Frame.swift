@@ -102,13 +102,20 @@ public struct FrameHeader: Hashable, Sendable {
     public var encodedLength: Int { Self.length + (type.isSequenced ? Self.sequenceLength : 0) }
 
     public func encoded() -> [UInt8] {
-        var bytes: [UInt8] = [version, type.rawValue]
+        var bytes: [UInt8] = []
         bytes.reserveCapacity(encodedLength)
+        encode(into: &bytes)
+        return bytes
+    }
+
+    /// Appends the header's bytes to `bytes`.
+    public func encode(into bytes: inout [UInt8]) {
+        bytes.append(version)
+        bytes.append(type.rawValue)
         bytes.appendBigEndian(flags.rawValue)
         bytes.appendBigEndian(streamID)
         bytes.appendBigEndian(length)
         if type.isSequenced { bytes.appendBigEndian(sequence ?? 0) }
-        return bytes
     }
 
     /// Decodes the header at the start of `bytes` and checks everything the header alone can
@@ -202,6 +209,14 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
     ///   missing on a sequenced frame or given to another, or a control message that cannot be
     ///   encoded. A `GO_AWAY` reason that does not fit is cut instead.
     public func encoded(sequence: UInt64? = nil) throws(WireError) -> [UInt8] {
+        var bytes: [UInt8] = []
+        try encode(sequence: sequence, into: &bytes)
+        return bytes
+    }
+
+    /// Appends the frame's bytes (``encoded(sequence:)``) to `bytes`: a record being built
+    /// frame by frame. Throws as ``encoded(sequence:)`` does, and then appends nothing.
+    public func encode(sequence: UInt64? = nil, into bytes: inout [UInt8]) throws(WireError) {
         let id: UInt32
         let flags: FrameFlags
         var payload: [UInt8] = []
@@ -240,9 +255,9 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
                 "a \(type) frame of \(payload.count) bytes is over the limit of \(WireFormat.maxFramePayload)")
         }
         let header = FrameHeader(type: type, flags: flags, streamID: id, length: UInt32(payload.count), sequence: sequence)
-        var bytes = header.encoded()
+        if bytes.isEmpty { bytes.reserveCapacity(header.encodedLength + payload.count) }
+        header.encode(into: &bytes)
         bytes.append(contentsOf: payload)
-        return bytes
     }
 
     /// Decodes a record's body (after decryption): one or more whole frames, back to back.

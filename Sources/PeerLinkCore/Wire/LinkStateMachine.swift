@@ -226,6 +226,65 @@ public struct LinkStateMachine: Sendable {
         return flush()
     }
 
+    /// Sends `frames` in order, packed into as few records as they fit (each at most
+    /// ``recordPayloadLimit`` bytes of frames; a record seals once, so many small frames cost
+    /// one seal and one length prefix), except that a large frame never follows a small one in
+    /// a record (``smallFrameLimit``). A `GO_AWAY` among them closes the link after what comes
+    /// before it. After the link closed, returns nothing.
+    ///
+    /// - Throws: a ``WireError`` (code 10) before the link is established; nothing is sent then.
+    ///   A frame the format cannot carry (see ``Frame/encoded(sequence:)``: callers check frames
+    ///   when they are queued) closes the link with code 10 after the frames before it.
+    public mutating func send(_ frames: [(frame: Frame, sequence: UInt64?)], at now: Duration) throws(WireError) -> [LinkOutput] {
+        guard state != .closed else { return [] }
+        guard state == .established else {
+            throw WireError(.internalError, "the link is not established yet: send frames after .established")
+        }
+        self.now = now
+        var plaintext: [UInt8] = []
+        var recordHoldsSmallFrame = false
+        for (frame, sequence) in frames {
+            if case .goAway(let code, let reason) = frame {
+                if !plaintext.isEmpty { sendRecord(plaintext) }
+                plaintext = []
+                finish(code, reason, byPeer: false)
+                break
+            }
+            // A record ends where the next frame does not fit, and before a large frame that
+            // would follow a small one: the peer opens a record only once all of it arrived,
+            // so a message must not wait for bulk data packed behind it.
+            let size = FrameScheduler.size(of: frame)
+            let large = size > Self.smallFrameLimit
+            if !plaintext.isEmpty, plaintext.count + size > recordPayloadLimit || (large && recordHoldsSmallFrame) {
+                sendRecord(plaintext)
+                plaintext.removeAll(keepingCapacity: true)
+                recordHoldsSmallFrame = false
+            }
+            if !large { recordHoldsSmallFrame = true }
+            if plaintext.isEmpty { plaintext.reserveCapacity(recordPayloadLimit) }
+            do throws(WireError) {
+                try frame.encode(sequence: sequence, into: &plaintext)
+            } catch {
+                if !plaintext.isEmpty { sendRecord(plaintext) }
+                plaintext = []
+                finish(.internalError, "could not encode \(frame): \(error.reason)", byPeer: false)
+                break
+            }
+        }
+        if !plaintext.isEmpty, state == .established { sendRecord(plaintext) }
+        return flush()
+    }
+
+    /// Frames up to this size (header included) are small: messages, control, credit. A large
+    /// frame (stream data, a chunk of a big message) never follows a small one in a record.
+    public static let smallFrameLimit = 1024
+
+    /// The most bytes of frames one record carries: what fits beside the tag in the largest
+    /// record (65519 bytes when encrypted: three full 16 KiB frames, or hundreds of small ones).
+    public var recordPayloadLimit: Int {
+        WireFormat.maxRecordLength(encrypted: isEncrypted == true) - (isEncrypted == true ? WireFormat.tagLength : 0)
+    }
+
     /// Time passes: handshake timeout (code 6), keep-alive `PING` after the idle interval,
     /// dead link (code 8) after the keep-alive timeout.
     public mutating func tick(at now: Duration) -> [LinkOutput] {
@@ -512,11 +571,22 @@ public struct LinkStateMachine: Sendable {
         emit(record)
     }
 
+    /// The record that carries `frameBytes`: its length, then the frames sealed (or as they are).
     private mutating func seal(_ frameBytes: [UInt8]) -> [UInt8]? {
         guard isEncrypted == true else { return Record.framed(frameBytes) }
-        guard var keys = transport, let sealed = try? keys.seal(frameBytes) else { return nil }
+        guard var keys = transport else { return nil }
+        let length = frameBytes.count + WireFormat.tagLength
+        guard length <= Int(UInt16.max) else { return nil }
+        var record: [UInt8] = []
+        record.reserveCapacity(2 + length)
+        record.appendBigEndian(UInt16(length))
+        do throws(NoiseError) {
+            try keys.seal(frameBytes, appendingTo: &record)
+        } catch {
+            return nil
+        }
         transport = keys
-        return Record.framed(sealed)
+        return record
     }
 
     /// Ends the link: a `GO_AWAY` first when records can be sent and `goAway` allows, then
@@ -540,17 +610,33 @@ public struct LinkStateMachine: Sendable {
         output.append(.closed(code: code, reason: reason, byPeer: byPeer))
     }
 
-    /// The outputs of this call, adjacent sends joined into one write.
+    /// The outputs of this call, adjacent sends joined into one write (each run copied once).
     private mutating func flush() -> [LinkOutput] {
+        defer { output = [] }
+        guard output.count > 1 else { return output }
         var joined: [LinkOutput] = []
-        for item in output {
-            if case .send(let bytes) = item, case .send(let previous)? = joined.last {
-                joined[joined.count - 1] = .send(previous + bytes)
+        var run: [[UInt8]] = []
+        func endRun() {
+            guard !run.isEmpty else { return }
+            if run.count == 1 {
+                joined.append(.send(run[0]))
             } else {
+                var bytes: [UInt8] = []
+                bytes.reserveCapacity(run.reduce(0) { $0 + $1.count })
+                for piece in run { bytes.append(contentsOf: piece) }
+                joined.append(.send(bytes))
+            }
+            run = []
+        }
+        for item in output {
+            if case .send(let bytes) = item {
+                run.append(bytes)
+            } else {
+                endRun()
                 joined.append(item)
             }
         }
-        output = []
+        endRun()
         return joined
     }
 }
