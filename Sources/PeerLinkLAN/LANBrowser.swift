@@ -47,7 +47,10 @@ public final class LANBrowser: TransportBrowser {
         let excluding = excluding
         let logger = logger
         let driver = Task {
-            await withTaskGroup(of: Void.self) { group in
+            // Discarding: each probe's task is gone once it ended. (A plain task group keeps every
+            // finished child until `next()` takes it: one per probe, for as long as the browse
+            // runs — a long-running chat grew by a kilobyte for each.)
+            await withDiscardingTaskGroup { group in
                 group.addTask {
                     // Probes fall due on a clock; a tick wakes the loop to start them.
                     while !Task.isCancelled {

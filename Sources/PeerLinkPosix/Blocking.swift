@@ -33,7 +33,7 @@ package func runBlockingAbandonable<T: Sendable>(
     let flag = CancellationFlag()
     let waiter = OneShot<T>(discard: discard)
     let timer = Task {
-        do { try await Task.sleep(for: limit) } catch { return }
+        do { try await Timers.shared.sleep(for: limit) } catch { return }
         flag.cancel()
         waiter.finish(with: .failure(SystemError("connect", errno: ETIMEDOUT)))
     }

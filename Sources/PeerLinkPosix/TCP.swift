@@ -204,7 +204,8 @@ public final class TCPConnection: Sendable {
                         return true
                     }
                     group.addTask {
-                        try await Task.sleep(for: timeout)
+                        // Cancelled when the connection is made: a timer that leaves nothing armed.
+                        try await Timers.shared.sleep(for: timeout)
                         return false
                     }
                     defer { group.cancelAll() }

@@ -1061,6 +1061,13 @@ struct LinkClock: Sendable {
     let sleepUntil: @Sendable (Duration) async throws -> Void
 
     init(_ clock: some Clock<Duration>) {
+        if let continuous = clock as? ContinuousClock {
+            // The real clock sleeps on the timer thread: a cancelled sleep leaves nothing armed.
+            let origin = continuous.now
+            now = { origin.duration(to: .now) }
+            sleepUntil = { deadline in try await Timers.shared.sleep(until: origin.advanced(by: deadline)) }
+            return
+        }
         let origin = clock.now
         now = { origin.duration(to: clock.now) }
         sleepUntil = { deadline in try await clock.sleep(until: origin.advanced(by: deadline), tolerance: nil) }

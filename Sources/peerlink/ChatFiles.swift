@@ -52,7 +52,8 @@ final class ChatFiles: @unchecked Sendable {
     /// Accepts every file a chat peer sends (they are members of the chat already) and saves it
     /// with `receiver`, printing where.
     static func receive(session: PeerSession, receiver: FileReceiver, console: ChatConsole) async {
-        await withTaskGroup(of: Void.self) { group in
+        // Discarding: a finished transfer leaves nothing in the group.
+        await withDiscardingTaskGroup { group in
             for await stream in session.incomingStreams {
                 guard stream.name == ResourceProtocol.streamName else {
                     stream.reset(reason: "chat only takes file transfers on streams")

@@ -89,7 +89,8 @@ struct Receive: AsyncParsableCommand {
                 return nil
             }
             group.addTask {
-                await withTaskGroup(of: Void.self) { transfers in
+                // Discarding: a finished transfer leaves nothing in the group.
+                await withDiscardingTaskGroup { transfers in
                     for await stream in session.incomingStreams {
                         guard stream.name == ResourceProtocol.streamName else {
                             stream.reset(reason: "this peer only receives files")
