@@ -92,12 +92,18 @@ public struct NoiseCipherState: Sendable {
     /// `DecryptWithAd(ad, ciphertext)`: the plaintext, or the ciphertext itself if there is no
     /// key yet. On failure `n` is not advanced.
     public mutating func decryptWithAd(_ ad: [UInt8], ciphertext: [UInt8]) throws(NoiseError) -> [UInt8] {
-        guard let key else { return ciphertext }
+        try decryptWithAd(ad, ciphertext: ciphertext[...])
+    }
+
+    /// `DecryptWithAd(ad, ciphertext)` of a part of a buffer (a record in what was read), so
+    /// the ciphertext is not copied out first.
+    public mutating func decryptWithAd(_ ad: [UInt8], ciphertext: ArraySlice<UInt8>) throws(NoiseError) -> [UInt8] {
+        guard let key else { return Array(ciphertext) }
         guard nonce != Self.reservedNonce else { throw .nonceExhausted }
         guard ciphertext.count >= NoiseCrypto.tagLength else {
             throw .messageTooShort(needed: NoiseCrypto.tagLength, got: ciphertext.count)
         }
-        let split = ciphertext.count - NoiseCrypto.tagLength
+        let split = ciphertext.endIndex - NoiseCrypto.tagLength
         let opened: [UInt8]
         do {
             let box = try ChaChaPoly.SealedBox(

@@ -81,6 +81,11 @@ public struct NoiseTransport: Sendable {
     ///   ``NoiseError/decryptionFailed`` if it does not authenticate;
     ///   ``NoiseError/nonceExhausted``.
     public mutating func open(_ ciphertext: [UInt8]) throws(NoiseError) -> [UInt8] {
+        try open(ciphertext[...])
+    }
+
+    /// ``open(_:)`` of a part of a buffer (not copied out first).
+    public mutating func open(_ ciphertext: ArraySlice<UInt8>) throws(NoiseError) -> [UInt8] {
         guard ciphertext.count <= Self.maxMessageLength else {
             throw .messageTooLong(length: ciphertext.count, limit: Self.maxMessageLength)
         }

@@ -502,21 +502,24 @@ public struct LinkStateMachine: Sendable {
                     maxLength: WireFormat.maxRecordLength(encrypted: encrypted),
                     minLength: WireFormat.minRecordLength(encrypted: encrypted))
             else { return false }
-            var plaintext = Array(body)
-            buffer.consume(length)
+            let plaintext: [UInt8]
             if encrypted {
                 guard var keys = transport else {
                     finish(.internalError, "no transport keys on an encrypted link", byPeer: false)
                     return true
                 }
                 do {
-                    plaintext = try keys.open(plaintext)
+                    // Opened where it lies in the input buffer (no copy of the ciphertext).
+                    plaintext = try keys.open(body)
                     transport = keys
                 } catch {
                     finish(.protocolError, "a record failed to decrypt: \(error)", byPeer: false)
                     return true
                 }
+            } else {
+                plaintext = Array(body)
             }
+            buffer.consume(length)
             for (frame, sequence) in try Frame.decodeRecord(plaintext[...]) {
                 guard state == .established else { break }
                 if let sequence {
