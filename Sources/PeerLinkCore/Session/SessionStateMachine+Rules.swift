@@ -616,8 +616,10 @@ extension SessionStateMachine {
                     changed = true
                 }
             }
-            for fingerprint in peers.keys.sorted() where peers[fingerprint]!.pendingJoin != nil {
-                if settleJoin(of: fingerprint) { changed = true }
+            if peers.values.contains(where: { $0.pendingJoin != nil }) {
+                for fingerprint in peers.keys.sorted() where peers[fingerprint]!.pendingJoin != nil {
+                    if settleJoin(of: fingerprint) { changed = true }
+                }
             }
             if isAutomatic {
                 for fingerprint in peers.keys.sorted() {
@@ -636,18 +638,26 @@ extension SessionStateMachine {
                 }
             }
         }
-        for fingerprint in peers.keys.sorted() { pump(fingerprint) }
-        for fingerprint in peers.keys.sorted() {
-            var record = peers[fingerprint]!
-            if hasBusiness(record) { record.purposeAt = now }
-            let state = derivedState(record)
-            if state != record.reported {
-                record.reported = state
-                let reason = state == .notConnected ? (record.lostReason ?? "no longer in the session") : nil
-                emit(.peerStateChanged(record.id, state, reason: reason))
+        let order = peers.keys.sorted()
+        for fingerprint in order { pump(fingerprint) }
+        // Every input comes here (each message sent or received): the records are updated where
+        // they lie, not copied out and back, and the rare state changes are reported in the
+        // peers' order.
+        var changes: [(fingerprint: Fingerprint, peer: PeerID, state: PeerState, reason: String?)] = []
+        var index = peers.values.startIndex
+        while index != peers.values.endIndex {
+            if hasBusiness(peers.values[index]) { peers.values[index].purposeAt = now }
+            let state = derivedState(peers.values[index])
+            if state != peers.values[index].reported {
+                peers.values[index].reported = state
+                let reason = state == .notConnected ? (peers.values[index].lostReason ?? "no longer in the session") : nil
+                changes.append((peers.keys[index], peers.values[index].id, state, reason))
             }
-            record.lostReason = nil
-            peers[fingerprint] = record
+            if peers.values[index].lostReason != nil { peers.values[index].lostReason = nil }
+            peers.values.formIndex(after: &index)
+        }
+        for change in changes.sorted(by: { $0.fingerprint < $1.fingerprint }) {
+            emit(.peerStateChanged(change.peer, change.state, reason: change.reason))
         }
     }
 
