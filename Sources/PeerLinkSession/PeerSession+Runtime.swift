@@ -581,8 +581,10 @@ extension PeerSession {
                 case .frame(let frame):
                     if case .message(_, _, let chunk) = frame, let channel {
                         // the chunk is through the state machine: held there in part, or
-                        // counted anew as a complete message (or dropped)
-                        let partial = apply { core, now in
+                        // counted anew as a complete message (or dropped). A chunk does not
+                        // change which link carries a peer (a limit it breaks closes a link, and
+                        // that link's close is an input of its own): the channels need no look.
+                        let partial = apply(linksMayChange: false) { core, now in
                             (
                                 core.machine.frameReceived(frame, on: id, from: established.remote, at: now),
                                 core.machine.partialMessageBytes(from: established.remote)

@@ -599,6 +599,13 @@ extension SessionStateMachine {
     mutating func settle() {
         var rounds = 0
         var changed = true
+        // The peers in order, sorted once (every message sent or received comes here); sorted
+        // again only if a rule below added or removed one.
+        var order = peers.keys.sorted()
+        func sortedPeers() -> [Fingerprint] {
+            if order.count != peers.count { order = peers.keys.sorted() }
+            return order
+        }
         while changed, rounds < 64 {
             changed = false
             rounds += 1
@@ -617,13 +624,13 @@ extension SessionStateMachine {
                 }
             }
             if peers.values.contains(where: { $0.pendingJoin != nil }) {
-                for fingerprint in peers.keys.sorted() where peers[fingerprint]!.pendingJoin != nil {
+                for fingerprint in sortedPeers() where peers[fingerprint]?.pendingJoin != nil {
                     if settleJoin(of: fingerprint) { changed = true }
                 }
             }
             if isAutomatic {
-                for fingerprint in peers.keys.sorted() {
-                    let record = peers[fingerprint]!
+                for fingerprint in sortedPeers() {
+                    guard let record = peers[fingerprint] else { continue }
                     // greater peers at once; smaller ones when they have not come by themselves
                     if fingerprint < localPeer.fingerprint {
                         guard let fallback = automaticFallbackDeadline(record), now >= fallback else { continue }
@@ -638,8 +645,7 @@ extension SessionStateMachine {
                 }
             }
         }
-        let order = peers.keys.sorted()
-        for fingerprint in order { pump(fingerprint) }
+        for fingerprint in sortedPeers() where peers[fingerprint] != nil { pump(fingerprint) }
         // Every input comes here (each message sent or received): the records are updated where
         // they lie, not copied out and back, and the rare state changes are reported in the
         // peers' order.
