@@ -55,8 +55,9 @@ public final class PeerChannel: Sendable {
         peer: PeerID, incarnation: Incarnation?, localPeer: PeerID, policy: Continuity.Policy = .default,
         maxQueuedBytes: Int = 256 * 1024, maxQueuedDataBytes: Int = 256 * 1024,
         maxUnconsumedMessageBytes: Int = ResourceLimits.default.maximumQueuedMessageBytesPerPeer, clock: LinkClock, logger: Logger,
-        streamOpened: @escaping @Sendable (PeerStream) -> Void
+        keepsDeliveryOrder: Bool = false, streamOpened: @escaping @Sendable (PeerStream) -> Void
     ) {
+        self.keepsDeliveryOrder = keepsDeliveryOrder
         self.maxUnconsumedMessageBytes = max(1, maxUnconsumedMessageBytes)
         self.peer = peer
         self.incarnation = incarnation
@@ -71,6 +72,13 @@ public final class PeerChannel: Sendable {
         state = Locked(State(continuity: Continuity(policy: policy), streams: StreamTable(role: role)))
     }
 
+    /// Whether message chunks handed to the links' events are also kept, in the order this
+    /// channel accepted them, for ``takeDelivered()``: the session's way. Each link of the pair
+    /// hands over what it read on a task of its own, so right after a link change the old
+    /// link's last chunks and the new link's first ones reach the session on two tasks; taking
+    /// them from here, one per event, keeps the order whichever event comes first.
+    let keepsDeliveryOrder: Bool
+
     /// Over this many ``State/unconsumedMessageBytes`` the channel stops acknowledging
     /// (``PeerLinkCore/ResourceLimits/maximumQueuedMessageBytesPerPeer``).
     let maxUnconsumedMessageBytes: Int
@@ -83,6 +91,9 @@ public final class PeerChannel: Sendable {
         /// Bytes of the peer's messages the session's state machine holds in part (the sender
         /// may interleave the chunks of many messages), as it last said.
         var partialMessageBytes = 0
+        /// Message chunks accepted and not yet taken by ``PeerChannel/takeDelivered()``, oldest
+        /// first (only when ``PeerChannel/keepsDeliveryOrder``).
+        var delivered = FIFO<Frame>()
         /// Everything above: what holds the peer back past the limit.
         var heldMessageBytes: Int { unconsumedMessageBytes + partialMessageBytes }
         /// Sequenced frames not written yet, in their lanes (credit and resets, messages, data).
@@ -306,6 +317,7 @@ public final class PeerChannel: Sendable {
             case .message(_, _, let chunk):
                 state.unconsumedMessageBytes += chunk.count
                 holdIfOver(&state)
+                if keepsDeliveryOrder { state.delivered.append(frame) }
                 return .deliver(frame)
             default:
                 return .deliver(frame)
@@ -316,6 +328,12 @@ public final class PeerChannel: Sendable {
     /// What a held peer may still send past its unacknowledged-bytes limit before its link is
     /// closed (code 11): what an honest peer flushes as its session ends.
     static let heldAllowance = 16 << 20
+
+    /// The oldest message chunk accepted and not taken yet (see ``keepsDeliveryOrder``): the
+    /// session takes one for each chunk event a link hands it, whichever link that is.
+    func takeDelivered() -> Frame? {
+        state.withLock { $0.delivered.removeFirst() }
+    }
 
     /// Over the limit of unconsumed message bytes: acknowledgements stop, so the peer stops
     /// sending soon (``PeerLinkCore/Continuity/hold()``). Not while what the app has to take is

@@ -579,18 +579,24 @@ extension PeerSession {
             for await event in link.events {
                 switch event {
                 case .frame(let frame):
-                    if case .message(_, _, let chunk) = frame, let channel {
-                        // the chunk is through the state machine: held there in part, or
-                        // counted anew as a complete message (or dropped). A chunk does not
-                        // change which link carries a peer (a limit it breaks closes a link, and
-                        // that link's close is an input of its own): the channels need no look.
-                        let partial = apply(linksMayChange: false) { core, now in
-                            (
-                                core.machine.frameReceived(frame, on: id, from: established.remote, at: now),
-                                core.machine.partialMessageBytes(from: established.remote)
+                    if case .message = frame, let channel {
+                        // The chunk the channel accepted first goes through the state machine,
+                        // whichever link's event this is: right after a link change the old
+                        // link's last chunks and the new link's first ones arrive here on two
+                        // tasks, and taking them in this event's stead would reorder messages.
+                        // Taken under the session's lock, so two tasks take and apply in turn.
+                        // Then the chunk is held in part, or counted anew as a complete message
+                        // (or dropped). A chunk does not change which link carries a peer (a
+                        // limit it breaks closes a link, and that close is an input of its own):
+                        // the channels need no look.
+                        let processed = apply(linksMayChange: false) { core, now -> ([SessionAction], (chunk: Int, partial: Int)?) in
+                            guard let next = channel.takeDelivered(), case .message(_, _, let chunk) = next else { return ([], nil) }
+                            return (
+                                core.machine.frameReceived(next, on: id, from: established.remote, at: now),
+                                (chunk.count, core.machine.partialMessageBytes(from: established.remote))
                             )
                         }
-                        channel.chunkProcessed(chunk.count, partialMessageBytes: partial)
+                        if let processed { channel.chunkProcessed(processed.chunk, partialMessageBytes: processed.partial) }
                     } else {
                         apply { core, now in (core.machine.frameReceived(frame, on: id, from: established.remote, at: now), ()) }
                     }
@@ -659,7 +665,7 @@ extension PeerSession {
                 ?? PeerChannel(
                     peer: peer, incarnation: incarnation, localPeer: localPeer,
                     maxUnconsumedMessageBytes: configuration.limits.maximumQueuedMessageBytesPerPeer, clock: time, logger: logger,
-                    streamOpened: { [weak self] stream in self?.acceptStream(stream) })
+                    keepsDeliveryOrder: true, streamOpened: { [weak self] stream in self?.acceptStream(stream) })
             core.channels[peer.fingerprint] = channel
             link.attach(channel)
             return (carryOut(actions, in: &core), true)
