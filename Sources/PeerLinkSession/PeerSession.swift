@@ -433,6 +433,15 @@ public final class PeerSession: Sendable {
         core.withLock { $0.channels[peer.fingerprint] }
     }
 
+    /// Every link the session runs that is (or was dialled to become) `peer`'s, in handshake or
+    /// established, attached to its channel or not (a duplicate being closed): for tests and
+    /// diagnostics.
+    package func links(to peer: PeerID) -> [Link] {
+        core.withLock { core in
+            core.links.values.filter { ($0.established?.remote ?? $0.dialed)?.fingerprint == peer.fingerprint }.map(\.link)
+        }
+    }
+
     /// Waits until every peer of the session — connected, or reconnecting within its grace
     /// after losing its link — has acknowledged every reliable message and stream byte sent to
     /// it so far; at most `limit`. Returns whether they all did.

@@ -9,7 +9,7 @@ import Testing
 /// ``FrameScheduler``, with frames sealed into records by the wire codec. Whatever the schedule:
 /// every reliable message arrives once, in order; every stream byte once; every file's SHA-256
 /// is right.
-@Suite("Continuity: seeded schedules of link failures, transport changes and reconnects")
+@Suite("Continuity: seeded schedules of link failures, transport changes and reconnects", .ownThread)
 struct ContinuitySimulationTests {
     @Test(arguments: 1...1000)
     func nothingLostRepeatedOrReordered(seed: Int) throws {

@@ -1,7 +1,7 @@
 import PeerLinkCore
 import Testing
 
-@Suite("Session: automatic mode converges to one full mesh")
+@Suite("Session: automatic mode converges to one full mesh", .ownThread)
 struct SessionAutomaticTests {
     static let automatic = SessionPolicy(automatic: true)
     static let names = (1...9).map { "peer\($0)" }

@@ -1,7 +1,7 @@
 import PeerLinkCore
 import Testing
 
-@Suite("Session: random operations keep the invariants")
+@Suite("Session: random operations keep the invariants", .ownThread)
 struct SessionChaosTests {
     /// Random peers (3 to 9), limits and modes; random invitations, answers, cut links, extra
     /// links opened by the owner, failing dials, disconnects, discovery churn and messages, in

@@ -1,7 +1,7 @@
 import PeerLinkCore
 import Testing
 
-@Suite("Session: invitations, with injected time on both sides")
+@Suite("Session: invitations, with injected time on both sides", .ownThread)
 struct SessionInvitationTests {
     @Test(arguments: [1, 2, 3] as [UInt64])
     func acceptedInvitationConnectsBothSides(seed: UInt64) throws {

@@ -1,7 +1,7 @@
 import PeerLinkCore
 import Testing
 
-@Suite("Session: disconnect and lost links")
+@Suite("Session: disconnect and lost links", .ownThread)
 struct SessionLivenessTests {
     /// alice invites bob and carol: a mesh of three.
     static func meshOfThree(seed: UInt64 = 1, policy: SessionPolicy = .default) throws -> SessionNet {

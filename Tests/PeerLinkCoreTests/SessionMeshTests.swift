@@ -1,7 +1,7 @@
 import PeerLinkCore
 import Testing
 
-@Suite("Session: full mesh through MEMBERS and JOIN, and the limit of 8 peers")
+@Suite("Session: full mesh through MEMBERS and JOIN, and the limit of 8 peers", .ownThread)
 struct SessionMeshTests {
     /// Accepts every invitation shown to any node's app, until nothing is left to do.
     static func runAcceptingEverything(_ net: inout SessionNet) throws {

@@ -1,7 +1,7 @@
 import PeerLinkCore
 import Testing
 
-@Suite("Session: reliable and unreliable messages")
+@Suite("Session: reliable and unreliable messages", .ownThread)
 struct SessionMessageTests {
     /// Two connected peers.
     static func connectedPair(seed: UInt64 = 1) throws -> SessionNet {

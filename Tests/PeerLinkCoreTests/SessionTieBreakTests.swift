@@ -1,7 +1,7 @@
 import PeerLinkCore
 import Testing
 
-@Suite("Session: the tie-break for duplicate links and crossed invitations")
+@Suite("Session: the tie-break for duplicate links and crossed invitations", .ownThread)
 struct SessionTieBreakTests {
     /// Two peers, ordered by fingerprint.
     static func pair() throws -> (small: PeerID, large: PeerID) {

@@ -167,8 +167,16 @@ struct ContinuityRuntimeTests {
             network.cut("bo")
             network.cut("ana")
             let cutAt = ContinuousClock.now
-            if let link = ana.node.session.channel(for: bo.node.peer)?.activeLink { link.channel.close() }
-            try await ana.node.log.wait("Ana sees Bo leave", within: .seconds(30)) { $0.state(of: bo.node.peer) == .notConnected }
+            // A process that dies ends every one of its sockets: each of Ana's links to Bo ends,
+            // not only the one writing (a duplicate still being closed, or a link just replacing
+            // it on a loaded machine, would otherwise stay open and silent until the keep-alive).
+            for link in ana.node.session.links(to: bo.node.peer) { link.channel.close() }
+            do {
+                try await ana.node.log.wait("Ana sees Bo leave", within: .seconds(30)) { $0.state(of: bo.node.peer) == .notConnected }
+            } catch {
+                Issue.record("the sessions' log:\n\(log.transcript(last: 80))")
+                throw error
+            }
             bo.node.kill.fire()
             // at once: well before the 30 s grace would have ended (a few seconds under a sanitizer)
             #expect(ContinuousClock.now - cutAt < .seconds(15), "left \(ContinuousClock.now - cutAt) after the cut")

@@ -19,6 +19,15 @@ final class TestLog: Sendable {
 
     var all: [Entry] { entries.withLock { $0 } }
 
+    /// The last `count` entries, one line each (message, then metadata sorted by key): for a
+    /// failing test to show what the sessions did.
+    func transcript(last count: Int) -> String {
+        all.suffix(count).map { entry in
+            let metadata = entry.metadata.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+            return "\(entry.level) \(entry.message) \(metadata)"
+        }.joined(separator: "\n")
+    }
+
     /// The "link closed" entries of the link whose channel is `remote` and whose role is `role`.
     func closings(remote: String, role: String) -> [Entry] {
         all.filter {
