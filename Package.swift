@@ -36,6 +36,8 @@ let package = Package(
             pkgConfig: "dbus-1",
             providers: [.apt(["libdbus-1-dev"])]
         ),
+        // epoll(7) from the C library's headers (not part of the Glibc module).
+        .systemLibrary(name: "CEpoll"),
 
         // Pure protocol logic: identity, validation, codecs, state machines. No C, no I/O.
         .target(
@@ -46,7 +48,7 @@ let package = Package(
         // POSIX edge: every syscall the platform targets make, files, sockets, interfaces.
         .target(
             name: "PeerLinkPosix",
-            dependencies: ["PeerLinkCore", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["PeerLinkCore", "CEpoll", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strict
         ),
         // LAN transport: DNS-SD through avahi-daemon (libavahi-client), TCP.

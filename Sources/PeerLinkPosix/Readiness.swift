@@ -3,18 +3,21 @@ import Glibc
 #elseif canImport(Musl)
 import Musl
 #endif
+internal import CEpoll
 import Foundation
 
 /// Waits until descriptors become readable or writable, for every link of the process, on one
 /// thread: a link's reads and writes are tried at once without blocking, and only a call that
 /// would block parks here (no thread per call, no cooperative thread ever blocked).
 ///
-/// The thread sleeps in `poll(2)` on every parked descriptor plus a pipe that wakes it when one
-/// is added. A wait ends when the descriptor is ready, hung up or in error (the caller's next
-/// call reports what happened), or with `CancellationError` when the waiting task is cancelled.
-/// Closing a descriptor while a task waits on it is the caller's to avoid: `Descriptor` keeps
-/// it open until the wait returns, and `shutdown(2)` (what `Descriptor.close()` does first)
-/// ends the wait.
+/// Every descriptor that ever parked is registered with one epoll instance and stays there (the
+/// kernel drops it from the set when it is closed). Parking arms it one-shot for what its
+/// waiters want — one `epoll_ctl(2)` on the parking thread, with no set to rebuild and no thread
+/// to wake — and the I/O thread sleeps in `epoll_wait(2)` until a descriptor is ready. A wait
+/// ends when its descriptor is ready, hung up or in error (the caller's next call reports what
+/// happened), or with `CancellationError` when the waiting task is cancelled. Closing a
+/// descriptor while a task waits on it is the caller's to avoid: `Descriptor` keeps it open
+/// until the wait returns, and `shutdown(2)` (what `Descriptor.close()` does first) ends the wait.
 package final class Readiness: @unchecked Sendable {
     package static let shared = Readiness()
 
@@ -22,20 +25,25 @@ package final class Readiness: @unchecked Sendable {
         /// Registered, not yet parked: a cancel that comes first is remembered here.
         case starting
         case cancelled
-        case parked(fd: Int32, events: Int16, CheckedContinuation<Void, any Error>)
+        case parked(fd: Int32, events: UInt32, CheckedContinuation<Void, any Error>)
     }
 
     private let lock = NSLock()
     private var entries: [UInt64: Entry] = [:]
+    /// The parked waits of each descriptor, oldest first (a link's reader and writer may park
+    /// on the same socket at once).
+    private var waiting: [Int32: [UInt64]] = [:]
     private var nextToken: UInt64 = 1
-    private var wakeRead: Int32 = -1
-    private var wakeWrite: Int32 = -1
-    private var started = false
+    private var epoll: Int32 = -1
+
+    private static let hangUp = EPOLLERR.rawValue | EPOLLHUP.rawValue
 
     private init() {}
 
     /// Suspends until `fd` is readable (`POLLIN`) or writable (`POLLOUT`), hung up or failed.
     package func wait(for fd: Int32, events: Int16) async throws {
+        // POLLIN and POLLOUT have the values of EPOLLIN and EPOLLOUT.
+        let wanted = UInt32(UInt16(bitPattern: events)) & (EPOLLIN.rawValue | EPOLLOUT.rawValue)
         let token = try lock.withLock { () throws -> UInt64 in
             try startIfNeeded()
             defer { nextToken += 1 }
@@ -44,19 +52,25 @@ package final class Readiness: @unchecked Sendable {
         }
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                let cancelled = lock.withLock { () -> Bool in
+                let outcome = lock.withLock { () -> Result<Void, any Error>? in
                     if case .cancelled = entries[token] {
                         entries[token] = nil
-                        return true
+                        return .failure(CancellationError())
                     }
-                    entries[token] = .parked(fd: fd, events: events, continuation)
-                    return false
+                    entries[token] = .parked(fd: fd, events: wanted, continuation)
+                    waiting[fd, default: []].append(token)
+                    do {
+                        try arm(fd)
+                        return nil
+                    } catch {
+                        // Not a descriptor epoll can watch (closed already, or not pollable):
+                        // the caller's next call on it says what is wrong.
+                        entries[token] = nil
+                        remove(token, of: fd)
+                        return .success(())
+                    }
                 }
-                if cancelled {
-                    continuation.resume(throwing: CancellationError())
-                } else {
-                    wake()
-                }
+                if let outcome { continuation.resume(with: outcome) }
             }
         } onCancel: {
             let continuation = lock.withLock { () -> CheckedContinuation<Void, any Error>? in
@@ -64,8 +78,10 @@ package final class Readiness: @unchecked Sendable {
                 case .starting:
                     entries[token] = .cancelled
                     return nil
-                case .parked(_, _, let continuation):
+                case .parked(let fd, _, let continuation):
+                    // Left armed: an event that finds nobody waiting is dropped.
                     entries[token] = nil
+                    remove(token, of: fd)
                     return continuation
                 case .cancelled, nil:
                     return nil
@@ -75,51 +91,65 @@ package final class Readiness: @unchecked Sendable {
         }
     }
 
+    /// Called with the lock held: arms `fd`, one-shot, for everything its parked waits want.
+    private func arm(_ fd: Int32) throws(SystemError) {
+        var events: UInt32 = 0
+        for token in waiting[fd] ?? [] {
+            if case .parked(_, let wanted, _) = entries[token] { events |= wanted }
+        }
+        guard events != 0 else { return }
+        try Sys.epollArm(epoll, fd, events: events | EPOLLONESHOT.rawValue)
+    }
+
+    /// Called with the lock held.
+    private func remove(_ token: UInt64, of fd: Int32) {
+        guard var tokens = waiting[fd] else { return }
+        tokens.removeAll { $0 == token }
+        waiting[fd] = tokens.isEmpty ? nil : tokens
+    }
+
     /// Called with the lock held.
     private func startIfNeeded() throws(SystemError) {
-        guard !started else { return }
-        var ends: [Int32] = [0, 0]
-        guard Glibc.pipe(&ends) == 0 else { throw SystemError("pipe", errno: errno) }
-        started = true
-        for end in ends {
-            _ = fcntl(end, F_SETFD, FD_CLOEXEC)
-            _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK)
-        }
-        wakeRead = ends[0]
-        wakeWrite = ends[1]
+        guard epoll < 0 else { return }
+        epoll = try Sys.epollCreate()
         let thread = Thread { [self] in run() }
         thread.name = "peerlink-io"
         thread.start()
     }
 
-    private func wake() {
-        var byte: UInt8 = 1
-        // A full pipe already holds a wake-up: nothing is lost by a failed write.
-        _ = Glibc.write(wakeWrite, &byte, 1)
-    }
-
     private func run() {
-        var drain = [UInt8](repeating: 0, count: 256)
+        var events = [epoll_event](repeating: epoll_event(), count: 64)
         while true {
-            var tokens: [UInt64] = []
-            var polled: [pollfd] = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
-            lock.withLock {
-                for (token, entry) in entries {
-                    guard case .parked(let fd, let events, _) = entry else { continue }
-                    tokens.append(token)
-                    polled.append(pollfd(fd: fd, events: events, revents: 0))
-                }
-            }
-            let count = polled.withUnsafeMutableBufferPointer { Glibc.poll($0.baseAddress, nfds_t($0.count), -1) }
-            guard count > 0 else { continue }  // EINTR
-            if polled[0].revents != 0 {
-                while Glibc.read(wakeRead, &drain, drain.count) > 0 {}
+            let count: Int
+            do {
+                count = try events.withUnsafeMutableBufferPointer { buffer throws(SystemError) in try Sys.epollWait(epoll, into: buffer) }
+            } catch {
+                // Only a broken epoll descriptor fails here (EBADF, EINVAL): nothing to wait on.
+                Sys.sleep(milliseconds: 100)
+                continue
             }
             var ready: [CheckedContinuation<Void, any Error>] = []
             lock.withLock {
-                for (index, token) in tokens.enumerated() where polled[index + 1].revents != 0 {
-                    if case .parked(_, _, let continuation) = entries.removeValue(forKey: token) {
-                        ready.append(continuation)
+                for event in events[0..<count] {
+                    let fd = event.data.fd
+                    guard let tokens = waiting[fd] else { continue }
+                    var left: [UInt64] = []
+                    for token in tokens {
+                        guard case .parked(_, let wanted, let continuation) = entries[token] else { continue }
+                        if event.events & (wanted | Self.hangUp) != 0 {
+                            entries[token] = nil
+                            ready.append(continuation)
+                        } else {
+                            left.append(token)
+                        }
+                    }
+                    waiting[fd] = left.isEmpty ? nil : left
+                    // One-shot: what still waits (the other direction) is armed again.
+                    if !left.isEmpty, (try? arm(fd)) == nil {
+                        for token in left {
+                            if case .parked(_, _, let continuation) = entries.removeValue(forKey: token) { ready.append(continuation) }
+                        }
+                        waiting[fd] = nil
                     }
                 }
             }

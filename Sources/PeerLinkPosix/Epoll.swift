@@ -1,0 +1,33 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+internal import CEpoll
+
+/// epoll(7), for ``Readiness`` alone: the C header is imported here and in Readiness.swift only.
+extension Sys {
+    /// A new epoll instance (close-on-exec).
+    static func epollCreate() throws(SystemError) -> Int32 {
+        try retrying("epoll_create1") { epoll_create1(Int32(EPOLL_CLOEXEC)) }
+    }
+
+    /// Arms `fd` in `epoll` for `events`, its registration kept: modified if it is there, added
+    /// if it is not (a descriptor leaves an epoll set by itself when it is closed).
+    static func epollArm(_ epoll: Int32, _ fd: Int32, events: UInt32) throws(SystemError) {
+        var event = epoll_event()
+        event.events = events
+        event.data.fd = fd
+        if epoll_ctl(epoll, EPOLL_CTL_MOD, fd, &event) == 0 { return }
+        guard Glibc.errno == ENOENT else { throw SystemError("epoll_ctl", errno: Glibc.errno) }
+        _ = try retrying("epoll_ctl") { epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event) }
+    }
+
+    /// Waits (without a timeout) for events of `epoll`; 0 when a signal interrupted the wait.
+    static func epollWait(_ epoll: Int32, into events: UnsafeMutableBufferPointer<epoll_event>) throws(SystemError) -> Int {
+        let count = epoll_wait(epoll, events.baseAddress, Int32(events.count), -1)
+        if count >= 0 { return Int(count) }
+        if Glibc.errno == EINTR { return 0 }
+        throw SystemError("epoll_wait", errno: Glibc.errno)
+    }
+}
