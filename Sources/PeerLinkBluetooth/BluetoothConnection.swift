@@ -155,35 +155,36 @@ public final class BluetoothListener: Sendable {
         self.descriptor = Descriptor(fd)
     }
 
-    /// Waits for the next link. Throws once the listener is closed, and `CancellationError`
-    /// when the task is cancelled (noticed within 100 ms).
+    /// Waits for the next link: tried at once, and while none is pending, parked on the I/O
+    /// thread that serves every link's reads and writes (no thread of its own, no polling), as
+    /// TCP's accept. Throws once the listener is closed (`close()` shuts the socket down, which
+    /// ends the wait), and `CancellationError` when the task is cancelled.
     public func accept() async throws -> BluetoothConnection {
-        let descriptor = self.descriptor
-        let kind = self.kind
-        let port = self.port
-        return try await runBlockingCancellable("peerlink-bt-accept") { flag throws -> BluetoothConnection in
-            while true {
-                let accepted = try descriptor.withFD("accept") { fd throws(SystemError) -> Int32? in
-                    do throws(SystemError) {
-                        if let accepted = try Sys.wouldBlockAsNil({ () throws(SystemError) in try Sys.accept(fd) }) {
-                            return accepted
-                        }
-                    } catch where error.errno == ECONNABORTED || error.errno == EPROTO {
-                        return nil
-                    }
-                    _ = try Sys.poll(fd, events: Int16(POLLIN), timeoutMilliseconds: pollSlice)
-                    return nil
-                }
-                if let accepted {
-                    do {
-                        return try BluetoothConnection(fd: accepted, kind: kind, port: port, incoming: true)
-                    } catch {
-                        // gone before it could be looked at: wait for the next one
-                        Sys.close(accepted)
-                    }
-                }
-                try flag.check()
+        while true {
+            try Task.checkCancellation()
+            let fd = try descriptor.acquire("accept")
+            defer { descriptor.release() }
+            guard let accepted = try Self.acceptNow(fd) else {
+                try await Readiness.shared.wait(for: fd, events: Int16(POLLIN))
+                continue
             }
+            if accepted < 0 { continue }  // gone before it was accepted: try again at once
+            do {
+                return try BluetoothConnection(fd: accepted, kind: kind, port: port, incoming: true)
+            } catch {
+                // gone before it could be looked at: wait for the next one
+                Sys.close(accepted)
+            }
+        }
+    }
+
+    /// One `accept` on the non-blocking socket: the new descriptor, nil when none is pending,
+    /// -1 when one was aborted before it was taken.
+    private static func acceptNow(_ fd: Int32) throws(SystemError) -> Int32? {
+        do throws(SystemError) {
+            return try Sys.wouldBlockAsNil { () throws(SystemError) in try Sys.accept(fd) }
+        } catch where error.errno == ECONNABORTED || error.errno == EPROTO {
+            return -1
         }
     }
 

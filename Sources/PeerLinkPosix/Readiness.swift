@@ -35,6 +35,8 @@ package final class Readiness: @unchecked Sendable {
     private var waiting: [Int32: [UInt64]] = [:]
     private var nextToken: UInt64 = 1
     private var epoll: Int32 = -1
+    /// Descriptors being closed (see ``end(_:)``): a wait on one returns at once.
+    private var ended: Set<Int32> = []
 
     private static let hangUp = EPOLLERR.rawValue | EPOLLHUP.rawValue
 
@@ -56,6 +58,10 @@ package final class Readiness: @unchecked Sendable {
                     if case .cancelled = entries[token] {
                         entries[token] = nil
                         return .failure(CancellationError())
+                    }
+                    if ended.contains(fd) {
+                        entries[token] = nil
+                        return .success(())
                     }
                     entries[token] = .parked(fd: fd, events: wanted, continuation)
                     waiting[fd, default: []].append(token)
@@ -89,6 +95,28 @@ package final class Readiness: @unchecked Sendable {
             }
             continuation?.resume(throwing: CancellationError())
         }
+    }
+
+    /// Ends every wait on `fd`, and makes every later one return at once until ``forget(_:)``:
+    /// for a descriptor being closed. Its shutdown ends a wait on a connected socket, but not on
+    /// every kind of listening socket (a listening RFCOMM socket stays silent), and a task that
+    /// took the descriptor just before the close may park just after it.
+    package func end(_ fd: Int32) {
+        let woken = lock.withLock { () -> [CheckedContinuation<Void, any Error>] in
+            ended.insert(fd)
+            let tokens = waiting.removeValue(forKey: fd) ?? []
+            return tokens.compactMap { token in
+                if case .parked(_, _, let continuation) = entries.removeValue(forKey: token) { return continuation }
+                return nil
+            }
+        }
+        for continuation in woken { continuation.resume() }
+    }
+
+    /// The descriptor `fd`, ended, is about to be closed, and its number may then be another
+    /// socket's: waits on it are parked again.
+    package func forget(_ fd: Int32) {
+        lock.withLock { _ = ended.remove(fd) }
     }
 
     /// Called with the lock held: arms `fd`, one-shot, for everything its parked waits want.

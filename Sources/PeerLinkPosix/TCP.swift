@@ -289,7 +289,7 @@ package func runBlockingCancellable<T: Sendable>(
 /// A socket descriptor closed exactly once, and never while a call is using it.
 ///
 /// `close()` shuts the socket down at once, so a thread waiting on it (in `poll`, `accept`,
-/// `recv` or `send`) returns; the descriptor itself is closed when the last call using it (through
+/// `recv` or `send`) returns, and ends every wait parked on it in ``Readiness``; the descriptor itself is closed when the last call using it (through
 /// ``withFD(_:_:)``) is done, so its number cannot be reused by another socket while a thread
 /// still holds it. deinit closes it if nobody did.
 package final class Descriptor: @unchecked Sendable {
@@ -319,7 +319,7 @@ package final class Descriptor: @unchecked Sendable {
                 users -= 1
                 return closed && users == 0
             }
-            if last { Sys.close(fd) }
+            if last { closeNumber() }
         }
         return try body(fd)
     }
@@ -344,7 +344,7 @@ package final class Descriptor: @unchecked Sendable {
             users -= 1
             return closed && users == 0
         }
-        if last { Sys.close(fd) }
+        if last { closeNumber() }
     }
 
     package func close() {
@@ -354,7 +354,14 @@ package final class Descriptor: @unchecked Sendable {
         }
         guard wasOpen else { return }
         Sys.shutdown(fd, Int32(SHUT_RDWR))
-        if unused { Sys.close(fd) }
+        Readiness.shared.end(fd)
+        if unused { closeNumber() }
+    }
+
+    /// Closes the number itself, once nobody uses it.
+    private func closeNumber() {
+        Readiness.shared.forget(fd)
+        Sys.close(fd)
     }
 
     deinit { close() }

@@ -65,6 +65,41 @@ struct BluetoothLinkTests {
         }
     }
 
+    /// An accept waits on the I/O thread, not a thread of its own: closing the listener (whose
+    /// shutdown alone does not wake a waiter on a listening RFCOMM socket), or cancelling the
+    /// waiting task, still ends it at once, and the listener accepts after a cancelled accept.
+    @Test(arguments: BluetoothSocketKind.allCases)
+    func acceptEndsWhenTheListenerClosesOrTheTaskIsCancelled(_ kind: BluetoothSocketKind) async throws {
+        let hci0 = try BluetoothLab.address(0)
+        let hci1 = try BluetoothLab.address(1)
+        let listener = try BluetoothListener(kind, adapter: hci0)
+        let waiting = Task { try await listener.accept() }
+        try await Task.sleep(for: .milliseconds(200))
+        let closedAt = ContinuousClock.now
+        listener.close()
+        // (the test's own cancellation, at its time limit, reaches the unstructured task too)
+        await #expect(throws: (any Error).self) {
+            _ = try await withTaskCancellationHandler { try await waiting.value } onCancel: { waiting.cancel() }
+        }
+        #expect(ContinuousClock.now - closedAt < .seconds(2), "accept ended \(ContinuousClock.now - closedAt) after close")
+
+        let second = try BluetoothListener(kind, adapter: hci0)
+        defer { second.close() }
+        let cancelled = Task { try await second.accept() }
+        try await Task.sleep(for: .milliseconds(200))
+        cancelled.cancel()
+        await #expect(throws: CancellationError.self) { _ = try await cancelled.value }
+
+        // the listener still accepts after a cancelled accept (one connection: an RFCOMM connect
+        // right after the close of another between the same adapters answers EBUSY for a while)
+        async let accepted = second.accept()
+        let client = try await BluetoothConnection.connect(kind, to: hci0, port: second.port, from: hci1, timeout: .seconds(20))
+        let server = try await accepted
+        #expect(server.remoteAddress == hci1)
+        client.close()
+        server.close()
+    }
+
     @Test func l2capPacketsNeverExceedTheNegotiatedMTU() async throws {
         let (server, client, listener) = try await Self.connectedPair(.l2cap, serverMTU: 672)
         defer {

@@ -113,6 +113,43 @@ struct ReadinessTests {
         }
     }
 
+    @Test("closing a Descriptor ends a wait the kernel would not end (a pipe: shutdown does nothing to it)")
+    func closeEndsAWaitShutdownCannot() async throws {
+        var ends: [Int32] = [-1, -1]
+        #expect(pipe(&ends) == 0)
+        defer { Glibc.close(ends[1]) }
+        let descriptor = Descriptor(ends[0])
+        let reader = Task {
+            let fd = try descriptor.acquire("read")
+            defer { descriptor.release() }
+            try await Readiness.shared.wait(for: fd, events: Int16(POLLIN))
+        }
+        try await Task.sleep(for: .milliseconds(50))
+        descriptor.close()
+        try await reader.value
+        #expect(throws: SystemError.self) { _ = try descriptor.acquire("read") }
+    }
+
+    @Test("a task that took a Descriptor before its close and parks after it returns at once")
+    func parkAfterClose() async throws {
+        var ends: [Int32] = [-1, -1]
+        #expect(pipe(&ends) == 0)
+        defer { Glibc.close(ends[1]) }
+        let descriptor = Descriptor(ends[0])
+        let fd = try descriptor.acquire("read")
+        descriptor.close()
+        try await Readiness.shared.wait(for: fd, events: Int16(POLLIN))
+        descriptor.release()
+        // The number is closed now, and may be used again: a wait on a new descriptor with it parks.
+        let pair = try SocketPair()
+        defer { pair.close() }
+        let other = pair.a
+        let waiting = Task { try await Readiness.shared.wait(for: other, events: Int16(POLLIN)) }
+        try await Task.sleep(for: .milliseconds(50))
+        pair.write(pair.b)
+        try await waiting.value
+    }
+
     @Test("shutting a socket down ends a wait on it")
     func shutdownEndsAWait() async throws {
         let pair = try SocketPair()
