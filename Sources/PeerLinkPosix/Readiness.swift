@@ -17,7 +17,8 @@ import Foundation
 /// ends when its descriptor is ready, hung up or in error (the caller's next call reports what
 /// happened), or with `CancellationError` when the waiting task is cancelled. Closing a
 /// descriptor while a task waits on it is the caller's to avoid: `Descriptor` keeps it open
-/// until the wait returns, and `shutdown(2)` (what `Descriptor.close()` does first) ends the wait.
+/// until the wait returns, and its `close()` shuts the socket down and calls ``end(_:)``, which
+/// ends the wait.
 package final class Readiness: @unchecked Sendable {
     package static let shared = Readiness()
 
