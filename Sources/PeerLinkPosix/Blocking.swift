@@ -7,16 +7,21 @@ import PeerLinkCore
 /// Runs a blocking call on a thread of its own, so it never occupies one of Swift concurrency's
 /// few cooperative threads (this machine class may have two cores; a blocked pool thread stalls
 /// everything else).
-public func runBlocking<T: Sendable>(
-    _ name: String, _ body: @escaping @Sendable () throws -> T
-) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
+///
+/// The body's error type is kept: a body that throws only `PeerLinkError` makes this throw only
+/// `PeerLinkError`, and a body that cannot throw makes a call that cannot either. The caller's
+/// task waits suspended; cancelling it does not stop the body (give the body its own timeout).
+public func runBlocking<T: Sendable, Failure: Error>(
+    _ name: String, _ body: @escaping @Sendable () throws(Failure) -> T
+) async throws(Failure) -> T {
+    let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, Failure>, Never>) in
         let thread = Thread {
-            continuation.resume(with: Result { try body() })
+            continuation.resume(returning: Result { () throws(Failure) -> T in try body() })
         }
         thread.name = name
         thread.start()
     }
+    return try result.get()
 }
 
 /// ``runBlocking(_:_:)`` for a call the kernel may never return from (a Bluetooth connect over

@@ -79,7 +79,7 @@ public final class AttackerSocket: @unchecked Sendable {
     public func readToEnd(timeout: Duration, limit: Int = 1 << 20) async -> (bytes: [UInt8], ended: Bool) {
         let fd = lock.withLock { self.fd }
         guard fd >= 0 else { return ([], true) }
-        let result = try? await runBlocking("attacker-read") { () -> ([UInt8], Bool) in
+        return await runBlocking("attacker-read") { () -> ([UInt8], Bool) in
             var received: [UInt8] = []
             var buffer = [UInt8](repeating: 0, count: 65536)
             let deadline = ContinuousClock.now + timeout
@@ -98,7 +98,6 @@ public final class AttackerSocket: @unchecked Sendable {
             }
             return (received, false)
         }
-        return result ?? ([], false)
     }
 
     public func close() {
