@@ -1,4 +1,5 @@
 import PeerLinkCore
+import PeerLinkPosix
 
 /// bluetoothd's D-Bus API (BlueZ's `doc/org.bluez.*.rst`): names, the connection to it, and
 /// its errors turned into messages that say what to do.
@@ -10,9 +11,13 @@ enum BlueZ {
     static let profileInterface = "org.bluez.Profile1"
     static let startAdvice = "start it with 'sudo systemctl start bluetooth' (without systemd: 'sudo bluetoothd &')"
 
-    /// Connects to the system bus and checks that bluetoothd is on it.
-    static func connect() throws(PeerLinkError) -> DBusConnection {
-        let connection = try DBusConnection.system()
+    /// Connects to the system bus (or the bus at `address`) and checks that bluetoothd is on it.
+    ///
+    /// It blocks until the bus answers, like every call on the connection (up to 25 s when
+    /// bluetoothd hangs): async code calls it, and the calls on the connection, through
+    /// ``PeerLinkPosix/runBlocking(_:_:)`` so that no cooperative thread waits for a daemon.
+    static func connect(address: String = DBusConnection.systemBusAddress) throws(PeerLinkError) -> DBusConnection {
+        let connection = try DBusConnection.open(address: address)
         let reply: [DBusValue]
         do {
             reply = try connection.call(
@@ -27,6 +32,12 @@ enum BlueZ {
             throw PeerLinkError(.unavailable, "bluetoothd is not running (no \(service) on the system D-Bus): \(startAdvice)")
         }
         return connection
+    }
+
+    /// Closes `connection` from async code: on a thread of its own, since ``DBusConnection/close()``
+    /// waits for the connection's dispatch thread to stop.
+    static func close(_ connection: DBusConnection) async {
+        await runBlocking("peerlink-dbus-close") { connection.close() }
     }
 
     /// The adapter's object path: `/org/bluez/hciN`.

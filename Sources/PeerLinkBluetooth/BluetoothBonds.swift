@@ -1,5 +1,6 @@
 import Logging
 import PeerLinkCore
+import PeerLinkPosix
 
 /// Bonds (stored pairings) bluetoothd holds, for the one case PeerLink touches them: a bond the
 /// other device no longer has.
@@ -23,12 +24,23 @@ import PeerLinkCore
 /// `bluetoothctl remove` does) and dials once more, pairing without bonding. The other
 /// direction needs no healing of its own: automatic mode's fallback
 /// (``PeerLinkCore/SessionPolicy/automaticFallback``) makes the side with the bond dial.
+///
+/// Each function is called from a dial (async) and runs its D-Bus calls or its SDP search on a
+/// thread of its own (``PeerLinkPosix/runBlocking(_:_:)``): they block until bluetoothd or the
+/// device answers (up to 25 s, 10 s for the search), and the dialling task waits suspended.
 enum BluetoothBonds {
     /// The adapter (`hciN`) whose bluetoothd holds a bond with `device`, when it is not
     /// connected now (a connected device shows `Paired` during a link's pairing without bonding
-    /// too). nil without bluetoothd, or without a bond.
-    static func heldBond(with device: BluetoothAddress, from adapter: BluetoothAddress) -> String? {
-        guard let connection = try? BlueZ.connect() else { return nil }
+    /// too). nil without bluetoothd, or without a bond. `bus`: the system bus (tests pass their own).
+    static func heldBond(
+        with device: BluetoothAddress, from adapter: BluetoothAddress, bus: String = DBusConnection.systemBusAddress
+    ) async -> String? {
+        await runBlocking("peerlink-bt-bonds") { findHeldBond(with: device, from: adapter, bus: bus) }
+    }
+
+    /// ``heldBond(with:from:bus:)`` on the calling thread.
+    private static func findHeldBond(with device: BluetoothAddress, from adapter: BluetoothAddress, bus: String) -> String? {
+        guard let connection = try? BlueZ.connect(address: bus) else { return nil }
         defer { connection.close() }
         guard let objects = try? connection.managedObjects(destination: BlueZ.service) else { return nil }
         var adapterByPath: [String: String] = [:]
@@ -49,7 +61,12 @@ enum BluetoothBonds {
     }
 
     /// Whether the device's SDP server lists a service on `kind`'s `port` (asked through `local`).
-    static func serves(_ device: BluetoothAddress, kind: BluetoothSocketKind, port: UInt16, from local: BluetoothAddress) -> Bool {
+    static func serves(_ device: BluetoothAddress, kind: BluetoothSocketKind, port: UInt16, from local: BluetoothAddress) async -> Bool {
+        await runBlocking("peerlink-sdp") { searchServes(device, kind: kind, port: port, from: local) }
+    }
+
+    /// ``serves(_:kind:port:from:)`` on the calling thread.
+    private static func searchServes(_ device: BluetoothAddress, kind: BluetoothSocketKind, port: UInt16, from local: BluetoothAddress) -> Bool {
         let records: [[UInt16: SDPElement]]
         do {
             records = try SDPClient.search(
@@ -69,7 +86,12 @@ enum BluetoothBonds {
     }
 
     /// Removes the bond (and bluetoothd's record of the device) on `adapter` (`hciN`).
-    static func remove(_ device: BluetoothAddress, on adapter: String) throws(PeerLinkError) {
+    static func remove(_ device: BluetoothAddress, on adapter: String) async throws(PeerLinkError) {
+        try await runBlocking("peerlink-bt-bonds") { () throws(PeerLinkError) -> Void in try removeBond(device, on: adapter) }
+    }
+
+    /// ``remove(_:on:)`` on the calling thread.
+    private static func removeBond(_ device: BluetoothAddress, on adapter: String) throws(PeerLinkError) {
         let connection = try BlueZ.connect()
         defer { connection.close() }
         let path = BlueZ.adapterPath(adapter) + "/dev_" + device.description.replacingOccurrences(of: ":", with: "_")

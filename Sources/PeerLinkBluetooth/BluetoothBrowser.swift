@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PeerLinkCore
+import PeerLinkPosix
 
 /// A device a Bluetooth scan found, with the PeerLink peer its SDP server publishes, if any.
 public struct BluetoothScanEntry: Hashable, Sendable {
@@ -37,15 +38,17 @@ extension BluetoothScanner {
         return (entries, method)
     }
 
-    /// One device's PeerLink record, searched off the cooperative pool (the socket calls block).
+    /// One device's PeerLink record, searched on a thread of its own: the SDP client's socket
+    /// calls block until the device answers (up to 10 s), and a detached task would block a
+    /// cooperative thread as much.
     static func lookUp(
         _ device: BluetoothDevice, serviceType: ServiceType, local: BluetoothAddress, excluding: Set<Fingerprint>, logger: Logger
     ) async -> BluetoothScanEntry {
-        let result = await Task.detached {
+        let result = await runBlocking("peerlink-sdp") {
             Result { () throws(PeerLinkError) -> [PeerLinkServiceRecord] in
                 try SDPClient.peerLinkRecords(at: device.address, from: local, serviceType: serviceType)
             }
-        }.value
+        }
         switch result {
         case .success(let records):
             let peers = records.filter { !excluding.contains($0.record.fingerprint) }.map { record in

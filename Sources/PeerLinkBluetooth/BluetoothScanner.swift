@@ -34,12 +34,17 @@ public enum BluetoothScanner {
     }
 
     /// Scans for about `duration` on `adapter` (`hciN`; default: the first powered one).
+    ///
+    /// Every call to bluetoothd (D-Bus: each blocks until bluetoothd answers, up to 25 s when it
+    /// hangs) and the HCI inquiry run on threads of their own
+    /// (``PeerLinkPosix/runBlocking(_:_:)``); the calling task waits suspended, and sleeps through
+    /// the discovery window, so no cooperative thread waits for the radio or the daemon.
     public static func scan(
         adapter: String? = nil, duration: Duration, logger: Logger = Logger(label: "peerlink.bluetooth")
     ) async throws(PeerLinkError) -> (devices: [BluetoothDevice], method: Method, adapter: BluetoothAddress) {
         let connection: DBusConnection
-        do {
-            connection = try BlueZ.connect()
+        do throws(PeerLinkError) {
+            connection = try await runBlocking("peerlink-bluez") { () throws(PeerLinkError) -> DBusConnection in try BlueZ.connect() }
         } catch {
             logger.debug("bluetoothd unavailable, using HCI inquiry", metadata: ["reason": "\(error.message)"])
             do {
@@ -50,37 +55,58 @@ public enum BluetoothScanner {
                 throw PeerLinkError(inquiryError.code, "\(inquiryError.message) (bluetoothd, which needs no privilege, could not be used either: \(error.message))")
             }
         }
-        defer { connection.close() }
-        let chosen = try BluetoothDaemon.chooseAdapter(adapter, on: connection)
-        try BluetoothDaemon.powerOn(chosen, on: connection)
-        let devices = try await discover(on: connection, adapter: chosen, duration: duration)
-        return (devices, .bluetoothd, BluetoothAddress(chosen.address) ?? .any)
+        do throws(PeerLinkError) {
+            let chosen = try await runBlocking("peerlink-bluez") { () throws(PeerLinkError) -> BluetoothDaemonAdapter in
+                let chosen = try BluetoothDaemon.chooseAdapter(adapter, on: connection)
+                try BluetoothDaemon.powerOn(chosen, on: connection)
+                return chosen
+            }
+            let devices = try await discover(on: connection, adapter: chosen, duration: duration)
+            await BlueZ.close(connection)
+            return (devices, .bluetoothd, BluetoothAddress(chosen.address) ?? .any)
+        } catch {
+            await BlueZ.close(connection)
+            throw error
+        }
     }
 
     /// bluetoothd discovery: BR/EDR filter, StartDiscovery, devices from InterfacesAdded /
-    /// PropertiesChanged and the object tree, StopDiscovery.
+    /// PropertiesChanged and the object tree, StopDiscovery. The calls run on threads of their
+    /// own (they block until bluetoothd answers); the discovery window between them is a
+    /// `Task.sleep`.
     static func discover(on connection: DBusConnection, adapter: BluetoothDaemonAdapter, duration: Duration) async throws(PeerLinkError) -> [BluetoothDevice] {
         let path = BlueZ.adapterPath(adapter.name)
         let seen = SeenAddresses()
-        do {
-            let added = try connection.subscribe(.init(sender: BlueZ.service, interface: DBusConnection.objectManagerInterface, member: "InterfacesAdded")) { signal in
-                if let object = signal.arguments.first?.string, object.hasPrefix(path + "/") { seen.insert(object) }
-            }
-            let changed = try connection.subscribe(.init(sender: BlueZ.service, interface: DBusConnection.propertiesInterface, member: "PropertiesChanged", pathNamespace: path)) { signal in
-                if signal.arguments.first?.string == BlueZ.deviceInterface, signal.arguments.dropFirst().first?.dictionary?["RSSI"] != nil {
-                    seen.insert(signal.path)
+        do throws(DBusCallError) {
+            let subscriptions = try await runBlocking("peerlink-bluez") { () throws(DBusCallError) -> [Int] in
+                var subscriptions: [Int] = []
+                do throws(DBusCallError) {
+                    subscriptions.append(
+                        try connection.subscribe(.init(sender: BlueZ.service, interface: DBusConnection.objectManagerInterface, member: "InterfacesAdded")) { signal in
+                            if let object = signal.arguments.first?.string, object.hasPrefix(path + "/") { seen.insert(object) }
+                        })
+                    subscriptions.append(
+                        try connection.subscribe(.init(sender: BlueZ.service, interface: DBusConnection.propertiesInterface, member: "PropertiesChanged", pathNamespace: path)) { signal in
+                            if signal.arguments.first?.string == BlueZ.deviceInterface, signal.arguments.dropFirst().first?.dictionary?["RSSI"] != nil {
+                                seen.insert(signal.path)
+                            }
+                        })
+                    _ = try connection.call(destination: BlueZ.service, path: path, interface: BlueZ.adapterInterface, method: "SetDiscoveryFilter", [.properties(["Transport": .string("bredr")])])
+                    _ = try connection.call(destination: BlueZ.service, path: path, interface: BlueZ.adapterInterface, method: "StartDiscovery")
+                    return subscriptions
+                } catch {
+                    for token in subscriptions { connection.unsubscribe(token) }
+                    throw error
                 }
             }
-            defer {
-                connection.unsubscribe(added)
-                connection.unsubscribe(changed)
-            }
-            _ = try connection.call(destination: BlueZ.service, path: path, interface: BlueZ.adapterInterface, method: "SetDiscoveryFilter", [.properties(["Transport": .string("bredr")])])
-            _ = try connection.call(destination: BlueZ.service, path: path, interface: BlueZ.adapterInterface, method: "StartDiscovery")
             try? await Task.sleep(for: duration)
-            // Read the tree before stopping: bluetoothd forgets RSSIs when discovery ends.
-            let objects = try connection.managedObjects(destination: BlueZ.service)
-            _ = try? connection.call(destination: BlueZ.service, path: path, interface: BlueZ.adapterInterface, method: "StopDiscovery")
+            let objects = try await runBlocking("peerlink-bluez") { () throws(DBusCallError) -> [String: [String: [String: DBusValue]]] in
+                defer { for token in subscriptions { connection.unsubscribe(token) } }
+                // Read the tree before stopping: bluetoothd forgets RSSIs when discovery ends.
+                let objects = try connection.managedObjects(destination: BlueZ.service)
+                _ = try? connection.call(destination: BlueZ.service, path: path, interface: BlueZ.adapterInterface, method: "StopDiscovery")
+                return objects
+            }
             let seenPaths = seen.all
             return objects.compactMap { objectPath, interfaces -> BluetoothDevice? in
                 guard objectPath.hasPrefix(path + "/"), let device = interfaces[BlueZ.deviceInterface],
@@ -103,15 +129,17 @@ public enum BluetoothScanner {
         var all: Set<String> { lock.withLock { paths } }
     }
 
-    /// HCI inquiry through libbluetooth, then each device's name. Blocking work runs off the
-    /// cooperative pool.
+    /// HCI inquiry through libbluetooth, then each device's name, on a thread of its own: the
+    /// calls block for the whole inquiry and every name request (a detached task would block a
+    /// cooperative thread as much).
     static func inquiry(adapter: String?, duration: Duration) async throws(PeerLinkError) -> ([BluetoothDevice], BluetoothAddress) {
-        let result = await Task.detached {
-            Result { () throws(SystemError) -> ([BluetoothDevice], BluetoothAddress) in
-                try BTSys.inquiry(adapter: adapter, duration: duration)
-            }.mapError(BluetoothErrors.map)
-        }.value
-        return try result.get()
+        try await runBlocking("peerlink-hci-inquiry") { () throws(PeerLinkError) -> ([BluetoothDevice], BluetoothAddress) in
+            do throws(SystemError) {
+                return try BTSys.inquiry(adapter: adapter, duration: duration)
+            } catch {
+                throw BluetoothErrors.map(error)
+            }
+        }
     }
 }
 

@@ -74,7 +74,8 @@ public struct BluetoothTransport: Transport {
             throw PeerLinkError(.invalidParameter, "the dial timeout must be positive, not \(DurationText.seconds(timeout))")
         }
         try BluetoothErrors.requireLocalAdapter(adapter)
-        let bond = BluetoothBonds.heldBond(with: address, from: adapter)
+        // bluetoothd and the device's SDP server are asked on threads of their own (BluetoothBonds).
+        let bond = await BluetoothBonds.heldBond(with: address, from: adapter)
         do {
             return try await BluetoothConnection.connect(
                 kind, to: address, port: port, from: adapter, incomingMTU: incomingMTU, timeout: timeout)
@@ -82,10 +83,10 @@ public struct BluetoothTransport: Transport {
             // A refusal from a device this machine keeps a bond with, while its SDP server lists
             // that channel / PSM: the device dropped the bond (see BluetoothBonds). Heal, and dial once more.
             if let bond, let failure = error as? SystemError, [ECONNREFUSED, EACCES, EPERM, ECONNRESET].contains(failure.errno),
-                BluetoothBonds.serves(address, kind: kind, port: port, from: adapter)
+                await BluetoothBonds.serves(address, kind: kind, port: port, from: adapter)
             {
                 do {
-                    try BluetoothBonds.remove(address, on: bond)
+                    try await BluetoothBonds.remove(address, on: bond)
                     logger.info(
                         "removed this machine's stale pairing with the device: it no longer has it, and refused the link",
                         metadata: ["adapter": "\(bond)", "device": "\(address)", "link.remote": "\(endpoint)"])
@@ -119,6 +120,11 @@ public final class BluetoothTransportListener: TransportListener {
     /// discoverable while the listener is open — stock bluetoothd makes an adapter connectable
     /// only for paired devices otherwise (``BluetoothVisibilityHold``). Pass false where the
     /// adapter's scan mode is managed otherwise.
+    ///
+    /// Holding an adapter asks bluetoothd over D-Bus on the caller's thread, which blocks until it
+    /// answers (up to 25 s when it hangs); so does ``close()``, giving the adapter back. From
+    /// async code, make and close it through ``PeerLinkPosix/runBlocking(_:_:)`` (a
+    /// ``PeerNode`` made with `PeerNode.open` does).
     public init(
         _ kind: BluetoothSocketKind, adapter: BluetoothAddress = .any, port: UInt16 = 0, incomingMTU: UInt16? = nil,
         reachable: Bool = true

@@ -109,6 +109,54 @@ struct DBusTests {
         }
     }
 
+    /// A bluetoothd that answers nothing — a connection that owns `org.bluez` and never reads —
+    /// keeps more bond look-ups (what every Bluetooth dial asks first) waiting than Swift has
+    /// cooperative threads, and this task still runs meanwhile: the D-Bus calls wait on threads
+    /// of their own. (Were they made on the cooperative threads, the look-ups would hold every one
+    /// of them until their calls time out after 25 s, and they could not all wait at once.)
+    @Test(.timeLimit(.minutes(2)))
+    func aStalledBluetoothdHoldsNoCooperativeThread() async throws {
+        let bus = try await PrivateBus()
+        let stalled = try DBusConnection.open(address: bus.address)
+        defer { stalled.close() }
+        let owner = try stalled.call(
+            destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", method: "RequestName",
+            [.string(BlueZ.service), .uint32(4)])
+        #expect(owner.first == .uint32(1), "the stalled bluetoothd owns \(BlueZ.service): \(owner)")
+        let watcher = try DBusConnection.open(address: bus.address)
+        defer { watcher.close() }
+
+        let lookUps = max(4, 2 * ProcessInfo.processInfo.activeProcessorCount)
+        let answered = Locked(0)
+        let device = try #require(BluetoothAddress("00:AA:01:00:00:01"))
+        let tasks = (0..<lookUps).map { _ in
+            Task {
+                let bond = await BluetoothBonds.heldBond(with: device, from: .any, bus: bus.address)
+                answered.withLock { $0 += 1 }
+                return bond
+            }
+        }
+        // Every look-up has its own connection to the bus: wait until all are there at once
+        // (besides the stalled bluetoothd and the watcher).
+        var connected = 0
+        for _ in 0..<1000 {
+            let names = try watcher.call(
+                destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus", method: "ListNames")
+            connected = (names.first?.stringArray ?? []).filter { $0.hasPrefix(":") }.count - 2
+            if connected >= lookUps { break }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(connected == lookUps, "\(connected) of \(lookUps) look-ups were waiting for bluetoothd at once")
+        #expect(answered.withLock { $0 } == 0, "a look-up came back although bluetoothd never answered")
+
+        // The stalled bluetoothd leaves the bus: the bus answers the pending calls with an
+        // error, and each look-up finds no bond.
+        stalled.close()
+        for task in tasks { #expect(await task.value == nil) }
+        #expect(answered.withLock { $0 } == lookUps)
+        _ = bus
+    }
+
     /// `peerlink scan --bluetooth` with a system bus that has no bluetoothd falls back to an HCI
     /// inquiry; on a kernel without Bluetooth both reasons are in the one error line.
     @Test(.enabled(if: !TestHost.kernelHasBluetooth, "this kernel has Bluetooth: the inquiry fallback would run"), .timeLimit(.minutes(1)))
