@@ -35,7 +35,7 @@ enum AutoMeshExample {
         let service = validService(arguments["--service"] ?? "mesh")
         let interval = validInterval(arguments["--interval"] ?? "5")
         let identity = loadIdentity(at: arguments["--identity"] ?? IdentityStore.defaultPath())
-        let peer = makePeer(
+        let peer = await makePeer(
             identity, name: name, service: service, policy: SessionPolicy(automatic: true),
             transports: validTransports(arguments["--transport"] ?? "auto"))
         let session = peer.session

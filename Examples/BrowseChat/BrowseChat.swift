@@ -57,7 +57,7 @@ enum BrowseChatExample {
             }
         }
         var generation = 0
-        var peer = makePeer(identity, name: name, service: service, policy: manual, transports: transports)
+        var peer = await makePeer(identity, name: name, service: service, policy: manual, transports: transports)
         var running = start(peer, generation: generation)
         var myPeers = [peer]
 
@@ -179,7 +179,7 @@ enum BrowseChatExample {
                     await peer.session.disconnect()
                     await running.value
                     generation += 1
-                    peer = makePeer(identity, name: name, service: service, policy: manual, transports: transports)
+                    peer = await makePeer(identity, name: name, service: service, policy: manual, transports: transports)
                     running = start(peer, generation: generation)
                     myPeers.append(peer)
                     members = []

@@ -38,7 +38,7 @@ enum CounterExample {
         let name = validName(arguments["--name"] ?? hostName())
         let service = validService(arguments["--service"] ?? "counter")
         let identity = loadIdentity(at: arguments["--identity"] ?? IdentityStore.defaultPath())
-        let peer = makePeer(
+        let peer = await makePeer(
             identity, name: name, service: service, policy: SessionPolicy(maximumPeers: 2, automatic: true),
             transports: validTransports(arguments["--transport"] ?? "auto"))
         let session = peer.session

@@ -98,12 +98,13 @@ public func validTransports(_ text: String) -> TransportChoice {
 
 /// A peer on `transports` (the LAN and Bluetooth by default): listeners, advertisements and
 /// browsers on each, feeding one session. A transport that cannot run here is a note; none at
-/// all ends the program.
+/// all ends the program. Made with `PeerNode.open`, which waits for bluetoothd and avahi-daemon
+/// on a thread of its own.
 public func makePeer(
     _ identity: Identity, name: DisplayName, service: ServiceType, policy: SessionPolicy, transports: TransportChoice = .auto
-) -> PeerNode {
+) async -> PeerNode {
     do throws(PeerLinkError) {
-        let node = try PeerNode(
+        let node = try await PeerNode.open(
             configuration: PeerNodeConfiguration(
                 identity: identity, displayName: name, serviceType: service, transports: transports, policy: policy))
         for notice in node.notices {

@@ -15,6 +15,9 @@ public struct BluetoothDaemonAdapter: Hashable, Sendable, Codable {
 /// bluetoothd, for what only it does: adapter power and modes, discovery, SDP records.
 public enum BluetoothDaemon {
     /// The adapters bluetoothd manages. Throws `unavailable` when D-Bus or bluetoothd is not running.
+    ///
+    /// It asks bluetoothd over D-Bus on the caller's thread, blocking until it answers (up to 25 s
+    /// when it hangs); from async code, call it through ``PeerLinkPosix/runBlocking(_:_:)``.
     public static func adapters() throws(PeerLinkError) -> [BluetoothDaemonAdapter] {
         let connection = try BlueZ.connect()
         defer { connection.close() }
@@ -70,6 +73,7 @@ public enum BluetoothDaemon {
 extension BluetoothAdapter {
     /// The controllers with bluetoothd's view added (powered, discoverable, pairable) when it
     /// runs; `daemonProblem` says why it is missing otherwise. The HCI listing is the base.
+    /// Blocks while bluetoothd answers, as ``BluetoothDaemon/adapters()`` does.
     public static func allWithDaemon() throws(PeerLinkError) -> (adapters: [BluetoothAdapter], daemonProblem: String?) {
         var adapters = try all()
         do {

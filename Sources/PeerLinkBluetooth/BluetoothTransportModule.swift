@@ -10,6 +10,11 @@ import PeerLinkCore
 /// otherwise, saying what to do); advertising needs bluetoothd; browsing uses bluetoothd's
 /// discovery, else an HCI inquiry. Without bluetoothd, explicit endpoints
 /// (`bt://ADDR/l2cap/PSM`, `bt://ADDR/rfcomm/CHANNEL`) still connect.
+///
+/// Where bluetoothd is waited for: ``openLinks(limits:)`` and ``advertise(_:at:)`` ask it on the
+/// caller's thread (a ``PeerNode`` made with `PeerNode.open` calls them on a thread of its own);
+/// the dialer and the browser, which are async, make their D-Bus calls, SDP searches and
+/// inquiries on threads of their own.
 public struct BluetoothTransportModule: TransportModule {
     public var name: String { "bluetooth" }
     public var label: String { "Bluetooth" }

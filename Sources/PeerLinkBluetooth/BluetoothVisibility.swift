@@ -29,6 +29,11 @@ public final class BluetoothVisibilityHold: Sendable {
 
     /// Holds the adapter `hciN` discoverable (so connectable) until ``release()``.
     ///
+    /// The first hold on an adapter asks bluetoothd over D-Bus on the caller's thread, and the
+    /// last ``release()`` gives the adapter back the same way: both block until bluetoothd
+    /// answers (up to 25 s when it hangs). From async code, call them through
+    /// ``PeerLinkPosix/runBlocking(_:_:)``.
+    ///
     /// - Returns: nil when bluetoothd does not run (there is nothing to hold).
     /// - Throws: `unavailable` / `invalidParameter` when bluetoothd refuses, with what to do.
     public static func acquire(adapter: String) throws(PeerLinkError) -> BluetoothVisibilityHold? {

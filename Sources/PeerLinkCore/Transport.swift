@@ -163,6 +163,11 @@ public struct TransportLinks: Sendable {
 /// the endpoints of that module's listeners, and runs each module's browser; the peers the
 /// browsers report are merged by identity. A module that cannot run here throws `unavailable`
 /// with what to do, and the node goes on with the others.
+///
+/// ``openLinks(limits:)`` and ``advertise(_:at:)`` are synchronous and may block while a daemon
+/// answers (bluetoothd, avahi-daemon); a node made with `PeerNode.open` calls them on a thread
+/// of its own. The async requirements (dialling, browsing) run on Swift's cooperative threads:
+/// a call in them that blocks belongs on a thread of its own (`runBlocking` in `PeerLinkPosix`).
 public protocol TransportModule: Sendable {
     /// The module's name, as users choose it (`--transport lan`): lowercase, no spaces.
     var name: String { get }

@@ -63,7 +63,7 @@ struct Advertise: AsyncParsableCommand {
                 transports: transport.configuring(
                     bluetoothModule(adapter: adapter, channel: RFCOMMChannel(channel), psm: L2CAPPSM(psm), logger: logger)),
                 browsing: false)
-            node = try PeerNode(configuration: configuration, logger: logger)
+            node = try await PeerNode.open(configuration: configuration, logger: logger)
         } catch {
             throw fail(error)
         }

@@ -171,7 +171,7 @@ struct Chat: AsyncParsableCommand {
                 transports: choice(logger: logger), ranking: transports.prefer,
                 // Reached at an explicit endpoint, chat runs even where nobody can find it.
                 discoveryRequired: target == nil, knownPeersPath: knownPath, admitOnlyKnownPeers: refuseUnknown)
-            node = try PeerNode(configuration: configuration, logger: logger)
+            node = try await PeerNode.open(configuration: configuration, logger: logger)
         } catch {
             throw fail(error)
         }

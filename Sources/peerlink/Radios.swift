@@ -25,10 +25,14 @@ struct Radios: AsyncParsableCommand {
 
     func run() async throws {
         let interfaces = (try? NetworkInterface.all()) ?? []
-        let avahi = AvahiDaemonStatus.query()
+        // avahi-daemon and bluetoothd are asked over D-Bus, whose calls block until they answer:
+        // on a thread of their own, not one of Swift's cooperative threads.
+        let avahi = await runBlocking("peerlink-radios") { AvahiDaemonStatus.query() }
         let bluetooth: Report.Bluetooth
         do {
-            let (adapters, daemonProblem) = try BluetoothAdapter.allWithDaemon()
+            let (adapters, daemonProblem) = try await runBlocking("peerlink-radios") {
+                () throws(PeerLinkError) -> ([BluetoothAdapter], String?) in try BluetoothAdapter.allWithDaemon()
+            }
             bluetooth = Report.Bluetooth(available: true, problem: nil, adapters: adapters, bluetoothd: daemonProblem == nil, bluetoothdProblem: daemonProblem)
         } catch {
             bluetooth = Report.Bluetooth(available: false, problem: error.message, adapters: [], bluetoothd: false, bluetoothdProblem: nil)

@@ -56,7 +56,7 @@ struct Receive: AsyncParsableCommand {
 
     func run() async throws {
         let logger = peer.makeLogger("peerlink.receive")
-        let node = try transports.automaticNode(peer: peer, name: name, service: service, logger: logger)
+        let node = try await transports.automaticNode(peer: peer, name: name, service: service, logger: logger)
         let session = node.session
         let receiver = FileReceiver(directory: dir)
         let console = ChatConsole(interactive: isatty(0) == 1 && isatty(1) == 1)

@@ -66,7 +66,7 @@ struct Send: AsyncParsableCommand {
                 throw ExitCode(ExitStatus.usage)
             }
         }
-        let node = try transports.automaticNode(peer: peer, name: name, service: service, logger: logger)
+        let node = try await transports.automaticNode(peer: peer, name: name, service: service, logger: logger)
         let session = node.session
         let prepared = outgoing
         let target = to

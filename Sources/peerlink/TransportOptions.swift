@@ -86,8 +86,9 @@ final class ToldProblems: @unchecked Sendable {
 
 extension TransportOptions {
     /// The node `send` and `receive` run: automatic mode, on the chosen transports, with the
-    /// identity of `peer`. A transport that cannot run here is one line on standard error.
-    func automaticNode(peer: PeerOptions, name: String, service: String, logger: Logger) throws -> PeerNode {
+    /// identity of `peer`. A transport that cannot run here is one line on standard error. Made
+    /// on a thread of its own (``PeerNode/open(configuration:clock:logger:)``).
+    func automaticNode(peer: PeerOptions, name: String, service: String, logger: Logger) async throws -> PeerNode {
         let displayName = try DisplayName(name)
         let serviceType = try ServiceType(service)
         let node: PeerNode
@@ -97,7 +98,7 @@ extension TransportOptions {
                     identity: try peer.loadIdentity(), displayName: displayName, serviceType: serviceType,
                     policy: SessionPolicy(automatic: true)),
                 transports: transport, ranking: prefer)
-            node = try PeerNode(configuration: configuration, logger: logger)
+            node = try await PeerNode.open(configuration: configuration, logger: logger)
         } catch {
             throw fail(error)
         }

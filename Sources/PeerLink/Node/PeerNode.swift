@@ -9,7 +9,7 @@ import PeerLinkSession
 /// over all of them, and trust on first use.
 ///
 /// ```swift
-/// let node = try PeerNode(configuration: PeerNodeConfiguration(
+/// let node = try await PeerNode.open(configuration: PeerNodeConfiguration(
 ///     identity: identity, displayName: try DisplayName("Ann"), serviceType: try ServiceType("chat"),
 ///     transports: .auto, policy: SessionPolicy(automatic: true)))
 /// try await withThrowingTaskGroup { group in
@@ -37,6 +37,13 @@ import PeerLinkSession
 ///   ``connect(to:context:timeout:)`` reaches a peer at an endpoint whoever it is.
 /// - ``events`` is one stream for one consumer, buffered without limit; it finishes after
 ///   ``run()`` returned.
+///
+/// Where the waiting happens: opening and advertising ask daemons (bluetoothd over D-Bus,
+/// avahi-daemon), whose answers may take seconds — a D-Bus call waits up to 25 s for a daemon
+/// that hangs. ``open(configuration:clock:logger:)`` makes the node on a thread of its own and
+/// is the way to make one from async code; ``init(configuration:clock:logger:)`` blocks its
+/// caller meanwhile. ``run()`` withdraws the advertisements and closes the listeners on a thread
+/// of its own when it ends; ``publish(info:)`` and ``close()`` block their caller.
 public final class PeerNode: Sendable {
     public let configuration: PeerNodeConfiguration
     /// The session over every transport that runs. Its `events` are consumed by the node (read
@@ -76,7 +83,14 @@ public final class PeerNode: Sendable {
         var closed = false
     }
 
-    /// Opens the chosen transports and starts advertising (see the type's notes).
+    /// Opens the chosen transports and starts advertising (see the type's notes), on the
+    /// caller's thread.
+    ///
+    /// It blocks while the daemons answer: bluetoothd (an adapter held discoverable for each
+    /// Bluetooth listener, the SDP record registered) and avahi-daemon — milliseconds usually,
+    /// up to 25 s per call to a daemon that hangs. From async code, use
+    /// ``open(configuration:clock:logger:)``, which runs this on a thread of its own, so that no
+    /// thread of Swift's cooperative pool waits for a daemon.
     ///
     /// - Parameters:
     ///   - clock: the time source of the session's timeouts (a `ManualClock` in tests).
@@ -160,6 +174,22 @@ public final class PeerNode: Sendable {
         for notice in notices { sink.yield(.transport(notice)) }
     }
 
+    /// Opens the chosen transports and starts advertising, as
+    /// ``init(configuration:clock:logger:)`` does, on a thread of its own: the calling task waits
+    /// suspended while bluetoothd and avahi-daemon answer, and no thread of Swift's cooperative
+    /// pool is held meanwhile. Making the node is not cancelled with the task (each daemon call
+    /// has its own timeout).
+    ///
+    /// - Throws: what ``init(configuration:clock:logger:)`` throws.
+    public static func open(
+        configuration: PeerNodeConfiguration, clock: any Clock<Duration> = ContinuousClock(),
+        logger: Logger = Logger(label: "peerlink")
+    ) async throws(PeerLinkError) -> PeerNode {
+        try await runBlocking("peerlink-node-open") { () throws(PeerLinkError) -> PeerNode in
+            try PeerNode(configuration: configuration, clock: clock, logger: logger)
+        }
+    }
+
     /// The local peer: the identity's fingerprint and the display name.
     public var localPeer: PeerID { session.localPeer }
 
@@ -176,7 +206,8 @@ public final class PeerNode: Sendable {
     // MARK: - Running
 
     /// Runs the session and the browsers until ``disconnect()`` (or the task is cancelled); then
-    /// withdraws every advertisement, closes the listeners and finishes ``events``.
+    /// withdraws every advertisement and closes the listeners (``close()``, on a thread of its
+    /// own: withdrawing a Bluetooth record waits for bluetoothd) and finishes ``events``.
     public func run() async {
         await withTaskGroup(of: Void.self) { outer in
             // Every session event goes out, until the session's stream ends after run() returned.
@@ -196,13 +227,17 @@ public final class PeerNode: Sendable {
                     if sessionEnded { group.cancelAll() }
                 }
             }
-            close()
+            await runBlocking("peerlink-node-close") { self.close() }
         }
         sink.finish()
     }
 
     /// Withdraws every advertisement and closes the listeners. ``run()`` does it when it ends;
     /// call it for a node that never ran. Idempotent.
+    ///
+    /// It blocks while bluetoothd takes the SDP record back and the adapters' discoverable
+    /// mode is restored (milliseconds usually, up to 25 s if bluetoothd hangs); from async code,
+    /// call it through ``PeerLinkPosix/runBlocking(_:_:)``.
     public func close() {
         let publications = state.withLock { state -> [NodePublication] in
             state.closed = true
@@ -254,6 +289,9 @@ public final class PeerNode: Sendable {
     /// Publishes the local peer with `info` on every running transport, until the returned
     /// publication is stopped (or the node ends). For a node made with `advertising: false`;
     /// what happens to each advertisement comes as ``PeerNodeEvent/transport(_:)``.
+    ///
+    /// It blocks while bluetoothd and avahi-daemon answer (see the type's notes); from async
+    /// code, call it through ``PeerLinkPosix/runBlocking(_:_:)``, as ``MultipeerSession`` does.
     ///
     /// - Throws: the error of each transport when none can advertise (avahi-daemon and
     ///   bluetoothd not running); `unavailable` when the node is closed.
@@ -429,7 +467,8 @@ public final class NodePublication: Sendable {
     /// What each transport publishes, for people.
     public var summaries: [String] { advertisers.map(\.summary) }
 
-    /// Withdraws every advertisement. Idempotent.
+    /// Withdraws every advertisement. Idempotent. It blocks while bluetoothd takes a Bluetooth
+    /// record back (see ``PeerNode``'s notes).
     public func stop() {
         for watcher in watchers { watcher.cancel() }
         for advertiser in advertisers { advertiser.stop() }
