@@ -30,6 +30,10 @@ public final class BluetoothAdvertiser: TransportAdvertiser, @unchecked Sendable
 
     /// Registers the record. Throws `unavailable` when D-Bus or bluetoothd is not running, with
     /// what to do; `invalidParameter` when there is neither a channel nor a PSM.
+    ///
+    /// The D-Bus calls run on the caller's thread and block until bluetoothd answers (up to
+    /// 25 s each when it hangs); ``stop()`` too. From async code, call them through
+    /// ``PeerLinkPosix/runBlocking(_:_:)`` (a ``PeerNode`` made with `PeerNode.open` does).
     public init(
         identity: Identity, displayName: DisplayName, serviceType: ServiceType, info: DiscoveryInfo = try! DiscoveryInfo(),
         channel: RFCOMMChannel?, psm: L2CAPPSM?, adapter: String? = nil, logger: Logger = Logger(label: "peerlink.bluetooth")
@@ -104,23 +108,24 @@ public final class BluetoothAdvertiser: TransportAdvertiser, @unchecked Sendable
     /// stream has no events and is finished.
     public let events: AsyncStream<AdvertisementEvent> = AsyncStream { $0.finish() }
 
-    /// Withdraws the record. Idempotent; also done when the advertiser is released.
+    /// Withdraws the record. Idempotent; also done when the advertiser is released. A call made
+    /// while another withdraws the record returns once it is withdrawn, so a new advertisement
+    /// of the same identity and service type can follow any call (bluetoothd takes each once).
     public func stop() {
-        let first = lock.withLock { () -> Bool in
-            defer { stopped = true }
-            return !stopped
+        lock.withLock {
+            guard !stopped else { return }
+            stopped = true
+            do {
+                _ = try connection.call(
+                    destination: BlueZ.service, path: "/org/bluez", interface: BlueZ.profileManagerInterface, method: "UnregisterProfile",
+                    [.objectPath(profilePath)], timeout: .seconds(5))
+            } catch {
+                logger.debug("UnregisterProfile failed (the record goes with the connection)", metadata: ["error": "\(error)"])
+            }
+            connection.unexport(path: profilePath)
+            connection.close()
+            visibility?.release()
         }
-        guard first else { return }
-        do {
-            _ = try connection.call(
-                destination: BlueZ.service, path: "/org/bluez", interface: BlueZ.profileManagerInterface, method: "UnregisterProfile",
-                [.objectPath(profilePath)], timeout: .seconds(5))
-        } catch {
-            logger.debug("UnregisterProfile failed (the record goes with the connection)", metadata: ["error": "\(error)"])
-        }
-        connection.unexport(path: profilePath)
-        connection.close()
-        visibility?.release()
     }
 
     deinit { stop() }

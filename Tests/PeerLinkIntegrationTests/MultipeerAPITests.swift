@@ -1,5 +1,6 @@
 import Foundation
 import PeerLink
+import PeerLinkTestSupport
 import Testing
 
 /// The MultipeerConnectivity-shaped API (MultipeerSession, NearbyServiceAdvertiser,
@@ -254,6 +255,138 @@ struct MultipeerAPITests {
         #expect(browserLog.failures.first?.code == .invalidParameter)
         _ = session
     }
+
+    /// Ann's transport opens only when the test lets it (a daemon that takes its time): her
+    /// `startAdvertisingPeer()` returns meanwhile, because her session opens its node on a thread
+    /// of its own. Then everything happens as usual.
+    @Test(
+        "a transport that stalls holds up no call: advertising returns at once, the node opens and publishes once it can, and the peers connect",
+        .timeLimit(.minutes(1)))
+    func noCallWaitsForAStalledTransport() async throws {
+        let network = MemoryNetwork()
+        let gate = Gate()
+        defer { gate.open() }
+        let service = "stall"
+        let ann = try Self.freshPeer("Ann")
+        let bob = try Self.freshPeer("Bob")
+
+        let annSession = MultipeerSession(
+            peer: ann, transports: .modules([StallingModule(base: MemoryTransportModule(network: network, listenerName: "ann"), gate: gate)]))
+        let annLog = SessionRecorder()
+        annSession.delegate = annLog
+        let advertiser = NearbyServiceAdvertiser(peer: ann, discoveryInfo: ["room": "hall"], serviceType: service)
+        let invitations = AdvertiserRecorder { _ in (true, annSession) }
+        advertiser.delegate = invitations
+        // A session that opened its node on the caller's thread would wait here for the gate the
+        // test opens below: the gate opens by itself after 20 s, so that such a session fails
+        // this test rather than hanging it.
+        DispatchQueue.global().asyncAfter(deadline: .now() + 20) { gate.open() }
+        advertiser.startAdvertisingPeer()
+        #expect(!gate.isOpen, "startAdvertisingPeer() returned only once Ann's transport opened")
+        try await waitUntil("Ann's node waits for its transport", timeout: .seconds(10), { gate.waiting }, { $0 == 1 })
+
+        let bobSession = MultipeerSession(peer: bob, transports: .modules([MemoryTransportModule(network: network, listenerName: "bob")]))
+        let bobLog = SessionRecorder()
+        bobSession.delegate = bobLog
+        let browser = NearbyServiceBrowser(peer: bob, serviceType: service)
+        let sightings = BrowserRecorder()
+        browser.delegate = sightings
+        browser.startBrowsingForPeers()
+
+        gate.open()
+        try await sightings.wait("Bob's browser finds Ann once her node is open") { $0.contains { $0.isFound(ann) } }
+        #expect(sightings.events.first { $0.isFound(ann) } == .found(ann, ["room": "hall"]))
+        browser.invitePeer(ann, to: bobSession, withContext: Data("hello".utf8), timeout: 30)
+        try await annLog.wait("Ann sees Bob connected") { $0.states(of: bob).last == .connected }
+        try await bobLog.wait("Bob sees Ann connected") { $0.states(of: ann).last == .connected }
+        #expect(invitations.failures.isEmpty)
+        try bobSession.send(Data("hi".utf8), toPeers: [ann], with: .reliable)
+        try await annLog.wait("Ann receives Bob's message") { $0.messages(from: bob) == ["hi"] }
+
+        browser.stopBrowsingForPeers()
+        advertiser.stopAdvertisingPeer()
+        bobSession.disconnect()
+        try await annLog.wait("Ann sees Bob leave", timeout: .seconds(15)) { $0.states(of: bob).last == .notConnected }
+        annSession.disconnect()
+    }
+
+    /// A node that cannot open (its only transport cannot run here) is found out after the call
+    /// that needed it returned; the advertiser's delegate and the invited peer's state say so,
+    /// as when the node failed at once, and the session is free to serve another service type.
+    @Test("a session whose transports cannot run tells its advertiser, and a peer it invites is not connected", .timeLimit(.minutes(1)))
+    func transportsThatCannotRunAreReported() async throws {
+        let network = MemoryNetwork()
+        let noRadio = PeerLinkError(.unavailable, "no radio here")
+        let ann = try Self.freshPeer("Ann")
+        let session = MultipeerSession(
+            peer: ann, transports: .modules([MemoryTransportModule(network: network, listenerName: "ann", faults: .init(links: noRadio))]))
+        let log = SessionRecorder()
+        session.delegate = log
+
+        let advertiser = NearbyServiceAdvertiser(peer: ann, discoveryInfo: nil, serviceType: "radio")
+        let advertiserLog = AdvertiserRecorder { _ in (false, nil) }
+        advertiser.delegate = advertiserLog
+        advertiser.startAdvertisingPeer()
+        try await advertiserLog.waitForFailure("Ann's transport cannot run")
+        #expect(advertiserLog.failures.map(\.message) == ["no radio here"])
+        #expect(session.serviceType == nil, "no node served the service type")
+
+        let bob = try Self.freshPeer("Bob")
+        let browser = NearbyServiceBrowser(peer: ann, serviceType: "other")
+        browser.invitePeer(bob, to: session, withContext: nil)
+        try await log.wait("Bob is not connected: the invitation was not sent") { $0.states(of: bob) == [.notConnected] }
+        #expect(log.certificates.isEmpty, "the delegate is asked about a peer's key only once the invitation can go")
+    }
+}
+
+// MARK: - A transport that stalls
+
+/// Lets threads through once it is opened.
+final class Gate: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var opened = false
+    private var waiters = 0
+
+    /// Threads waiting in ``pass()`` now.
+    var waiting: Int { condition.withLock { waiters } }
+    var isOpen: Bool { condition.withLock { opened } }
+
+    /// Waits until the gate is open.
+    func pass() {
+        condition.withLock {
+            waiters += 1
+            while !opened { condition.wait() }
+            waiters -= 1
+        }
+    }
+
+    func open() {
+        condition.withLock {
+            opened = true
+            condition.broadcast()
+        }
+    }
+}
+
+/// A transport module whose links open only once `gate` is open: a daemon that takes its time.
+struct StallingModule: TransportModule {
+    let base: MemoryTransportModule
+    let gate: Gate
+
+    var name: String { base.name }
+    var kinds: [TransportKind] { base.kinds }
+    var endpointSchemes: [EndpointScheme] { base.endpointSchemes }
+
+    func openLinks(limits: ResourceLimits) throws(PeerLinkError) -> TransportLinks {
+        gate.pass()
+        return try base.openLinks(limits: limits)
+    }
+
+    func advertise(_ advertisement: Advertisement, at endpoints: [Endpoint]) throws(PeerLinkError) -> any TransportAdvertiser {
+        try base.advertise(advertisement, at: endpoints)
+    }
+
+    func browser(_ request: BrowseRequest) -> any TransportBrowser { base.browser(request) }
 }
 
 // MARK: - Delegates that record

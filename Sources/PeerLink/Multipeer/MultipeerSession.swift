@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PeerLinkCore
+import PeerLinkPosix
 import PeerLinkSession
 
 /// A session in the shape MultipeerConnectivity developers know: the local peer and up to seven
@@ -35,6 +36,10 @@ import PeerLinkSession
 ///   `Progress`; ``startStream(withName:toPeer:)`` opens a byte stream (a blocking
 ///   `OutputStream`). Files and streams from peers reach the delegate.
 /// - Releasing the session closes its links at once.
+/// - No call waits for a daemon: the node is opened, and its listeners published and
+///   withdrawn, on threads of their own (``PeerNode/open(configuration:clock:logger:)``), in the
+///   order the calls came; what fails there reaches the delegates as it did when it failed at
+///   once (an advertiser's `didNotStartAdvertisingPeer`, an invited peer *not connected*).
 public final class MultipeerSession: Sendable {
     /// How ``send(_:toPeers:with:)`` delivers.
     public enum SendDataMode: Hashable, Sendable {
@@ -67,6 +72,8 @@ public final class MultipeerSession: Sendable {
     /// Where files from peers are received (made with the first one, removed with the session).
     let resourceDirectory: String
     private let state = Locked(State())
+    /// Publishes and withdraws the session's advertisement, in order, off the caller's thread.
+    private let publisher = Publisher()
 
     /// - Parameters:
     ///   - peer: the local peer; a remote peer (without its key pair) traps.
@@ -111,8 +118,9 @@ public final class MultipeerSession: Sendable {
     }
 
     deinit {
-        let (generation, publication, resources) = state.withLock { ($0.generation, $0.publication, $0.resources.values) }
-        publication?.stop()
+        let (generation, resources) = state.withLock { ($0.generation, $0.resources.values) }
+        publisher.withdraw()
+        publisher.finish()
         for job in resources { job.cancel(reason: "the session was released") }
         removeResourceDirectory()
         if let generation {
@@ -178,11 +186,10 @@ public final class MultipeerSession: Sendable {
             return state.resources.values
         }
         for job in resources { job.cancel(reason: "\(myPeerID.displayName) left the session", code: .notConnected) }
-        let failure = state.withLock { state -> (Advertising, PeerLinkError)? in
-            guard let generation = state.generation else { return nil }
+        state.withLock { state in
+            guard let generation = state.generation else { return }
             state.generation = nil
-            state.publication?.stop()
-            state.publication = nil
+            publisher.withdraw()
             for tracked in state.peers.values.sorted(by: { $0.since < $1.since }) where tracked.state != .notConnected {
                 let peer = tracked.peer
                 deliver { $0.session(self, peer: peer, didChange: .notConnected) }
@@ -191,26 +198,19 @@ public final class MultipeerSession: Sendable {
             generation.commands.yield(.disconnect)
             generation.commands.finish()
             logger.info("left the session")
-            guard let advertising = state.advertising, let serviceType = state.serviceType else { return nil }
-            do throws(PeerLinkError) {
-                let next = try makeGeneration(serviceType, in: &state)
-                state.generation = next
-                try publish(advertising.info, in: next, state: &state)
-                return nil
-            } catch {
-                state.advertising = nil
-                return (advertising, error)
-            }
+            guard state.advertising != nil, let serviceType = state.serviceType else { return }
+            // Advertised again on a new node; if it cannot open or publish, the advertiser is
+            // told (generationFailed, publishFailed).
+            let next = makeGeneration(serviceType, in: &state)
+            state.generation = next
+            publish(in: next, state: &state)
         }
-        // Advertisers are only ever held strongly outside the lock: releasing the last reference
-        // to one runs its deinit, which takes this lock.
-        if case let (advertising, error)? = failure { advertising.advertiser?.report(error) }
     }
 
     /// How a connected peer is linked (transport, address, encryption, and the six-digit
     /// verification code both users can compare); nil when it is not connected.
     public func info(for peerID: MultipeerPeerID) async -> ConnectedPeerInfo? {
-        guard let session = state.withLock({ $0.generation?.peer.session }) else { return nil }
+        guard let session = state.withLock({ $0.generation?.peer?.session }) else { return nil }
         return await session.info(for: peerID.peerID)
     }
 
@@ -222,10 +222,10 @@ public final class MultipeerSession: Sendable {
     func peerSession(connectedTo peerID: MultipeerPeerID, for what: String) throws(PeerLinkError) -> PeerSession {
         if peerID == myPeerID { throw PeerLinkError(.invalidParameter, "a peer cannot \(what) to itself") }
         return try state.withLock { state throws(PeerLinkError) in
-            guard state.peers[peerID.fingerprint]?.state == .connected, let generation = state.generation else {
+            guard state.peers[peerID.fingerprint]?.state == .connected, let peer = state.generation?.peer else {
                 throw PeerLinkError(.notConnected, "\(peerID) is not connected: \(what) once the delegate is told it is connected")
             }
-            return generation.peer.session
+            return peer.session
         }
     }
 
@@ -250,7 +250,10 @@ public final class MultipeerSession: Sendable {
 
     // MARK: - For the advertiser and the browser
 
-    /// Starts publishing the session's listener for `advertiser`.
+    /// Starts publishing the session's listener for `advertiser`: at once when the session's
+    /// node is open, else once it is. Throws what can be told at once (another advertiser, another
+    /// service type); a node that does not open, or a publication that fails, is reported to the
+    /// advertiser later (``NearbyServiceAdvertiser/report(_:)``).
     func startAdvertising(
         for advertiser: NearbyServiceAdvertiser, serviceType: ServiceType, info: DiscoveryInfo
     ) throws(PeerLinkError) {
@@ -262,10 +265,8 @@ public final class MultipeerSession: Sendable {
                     "\(myPeerID)'s session is already advertised by another NearbyServiceAdvertiser; stop that one first")
             }
             let generation = try generation(for: serviceType, state: &state)
-            state.publication?.stop()
-            state.publication = nil
-            try publish(info, in: generation, state: &state)
-            state.advertising = Advertising(id: id, advertiser: advertiser, info: info)
+            state.advertising = Advertising(id: id, advertiser: advertiser, info: info, turn: 0)
+            publish(in: generation, state: &state)
         }
     }
 
@@ -274,23 +275,28 @@ public final class MultipeerSession: Sendable {
         state.withLock { state in
             guard state.advertising?.id == id else { return }
             state.advertising = nil
-            state.publication?.stop()
-            state.publication = nil
+            publisher.withdraw()
         }
     }
 
     /// Invites `peer` on behalf of a browser of `serviceType`; every failure is reported to the
     /// delegate as the peer being *not connected*.
     func invite(_ peer: MultipeerPeerID, found: DiscoveredPeer?, serviceType: ServiceType, context: [UInt8], timeout: Duration) {
-        let generation: Generation
         do {
-            generation = try state.withLock { state throws(PeerLinkError) in try self.generation(for: serviceType, state: &state) }
+            try state.withLock { state throws(PeerLinkError) in
+                let generation = try self.generation(for: serviceType, state: &state)
+                // Taken up once the generation's node is open (askBeforeInviting); if it does not
+                // open, the invitation is not sent.
+                generation.commands.yield(.ask(peer, found: found, context: context, timeout: timeout))
+            }
         } catch {
             invitationNotSent(peer.peerID, reason: error.message)
-            return
         }
-        if let found { generation.peer.session.discovered(DiscoveryEvent.found(found)) }
-        let number = generation.number
+    }
+
+    /// Asks the delegate about `peer`'s key, then invites it in generation `number` if that is
+    /// still the session's.
+    private func askBeforeInviting(_ peer: MultipeerPeerID, context: [UInt8], timeout: Duration, generation number: Int) {
         askAboutPeer(peer) { accepted in
             self.state.withLock { state in
                 guard let current = state.generation, current.number == number else { return }
@@ -345,7 +351,9 @@ public final class MultipeerSession: Sendable {
         }
     }
 
-    /// The running generation, started for `serviceType` if there is none.
+    /// The running generation, started for `serviceType` if there is none. Throws only when the
+    /// session serves another service type; a node that does not open is reported later
+    /// (``generationFailed(_:generation:)``).
     private func generation(for serviceType: ServiceType, state: inout State) throws(PeerLinkError) -> Generation {
         if let served = state.serviceType, served != serviceType {
             throw PeerLinkError(
@@ -353,30 +361,70 @@ public final class MultipeerSession: Sendable {
                 "this session serves the service type \(served), not \(serviceType): a session serves one service type; make another session")
         }
         if let generation = state.generation { return generation }
-        let generation = try makeGeneration(serviceType, in: &state)
+        let generation = makeGeneration(serviceType, in: &state)
         state.serviceType = serviceType
         state.generation = generation
         return generation
     }
 
-    /// Starts a ``PeerNode`` (not advertised) and the task that runs it, carries out the
-    /// session's commands in order, and hands its events to the session.
-    private func makeGeneration(_ serviceType: ServiceType, in state: inout State) throws(PeerLinkError) -> Generation {
+    /// Starts a generation: a task that opens a ``PeerNode`` (not advertised) on a thread of its
+    /// own — the caller does not wait for bluetoothd or avahi-daemon —, then runs it, carries out
+    /// the session's commands in order (those that came while it opened first), and hands its
+    /// events to the session.
+    private func makeGeneration(_ serviceType: ServiceType, in state: inout State) -> Generation {
         let configuration = PeerNodeConfiguration(
             session: PeerSessionConfiguration(
                 identity: identity, displayName: displayName, serviceType: serviceType, encryption: encryptionPreference),
             transports: transports, advertising: false, discoveryRequired: false)
-        let peer = try PeerNode(configuration: configuration, logger: logger)
         let number = state.nextGeneration
         state.nextGeneration += 1
         let (commandStream, commands) = AsyncStream.makeStream(of: Command.self)
         let owner = WeakSession(self)
         let logger = logger
+        let opening = Task { () async -> Result<PeerNode, PeerLinkError> in
+            do throws(PeerLinkError) {
+                return .success(try await PeerNode.open(configuration: configuration, logger: logger))
+            } catch {
+                return .failure(error)
+            }
+        }
         let task = Task {
+            let peer: PeerNode
+            switch await opening.value {
+            case .success(let opened):
+                peer = opened
+            case .failure(let error):
+                owner.session?.generationFailed(error, generation: number)
+                // What was asked of it meanwhile: the invitations are not sent (the stream ends
+                // once the generation is over).
+                for await command in commandStream {
+                    if case .ask(let invitee, _, _, _) = command {
+                        owner.session?.invitationNotSent(invitee.peerID, reason: error.message)
+                    }
+                }
+                return
+            }
+            if Task.isCancelled {
+                // The session was released while the node opened.
+                await runBlocking("peerlink-node-close") { peer.close() }
+                return
+            }
+            owner.session?.generationOpened(peer, generation: number)
+            logger.debug(
+                "session peer started",
+                metadata: [
+                    "generation": "\(number)", "transports": "\(peer.runningModules)",
+                    "link.listen": "\(peer.session.listeners.flatMap(\.localEndpoints).map(\.description))",
+                ])
             await withDiscardingTaskGroup { group in
                 group.addTask { await peer.run() }
                 group.addTask {
                     for await command in commandStream {
+                        if case .ask(let invitee, let found, let context, let timeout) = command {
+                            if let found { peer.session.discovered(DiscoveryEvent.found(found)) }
+                            owner.session?.askBeforeInviting(invitee, context: context, timeout: timeout, generation: number)
+                            continue
+                        }
                         if let failure = await Self.perform(command, on: peer.session, logger: logger) {
                             owner.session?.commandFailed(failure, generation: number)
                         }
@@ -401,19 +449,63 @@ public final class MultipeerSession: Sendable {
                 commands.finish()
             }
         }
-        logger.debug(
-            "session peer started",
-            metadata: [
-                "generation": "\(number)", "transports": "\(peer.runningModules)",
-                "link.listen": "\(peer.session.listeners.flatMap(\.localEndpoints).map(\.description))",
-            ])
-        return Generation(number: number, peer: peer, commands: commands, task: task)
+        return Generation(number: number, peer: nil, opening: opening, commands: commands, task: task)
     }
 
-    /// Publishes generation's listeners with `info` (what happens to the advertisements comes
-    /// as the node's transport notices).
-    private func publish(_ info: DiscoveryInfo, in generation: Generation, state: inout State) throws(PeerLinkError) {
-        state.publication = try generation.peer.publish(info: info)
+    /// Generation `number`'s node is open: it is the session's (unless the session moved on).
+    private func generationOpened(_ peer: PeerNode, generation number: Int) {
+        state.withLock { state in
+            guard state.generation?.number == number else { return }
+            state.generation?.peer = peer
+            state.serviceTypeSettled = true
+        }
+    }
+
+    /// Generation `number`'s node did not open (no transport can run here): the generation is
+    /// over, and the advertiser waiting for it is told, as when a node failed to open at once.
+    /// The next use of the session tries again.
+    private func generationFailed(_ error: PeerLinkError, generation number: Int) {
+        let advertising = state.withLock { state -> Advertising? in
+            guard let generation = state.generation, generation.number == number else { return nil }
+            state.generation = nil
+            generation.commands.finish()
+            // A service type no node ever served is not the session's yet.
+            if !state.serviceTypeSettled { state.serviceType = nil }
+            defer { state.advertising = nil }
+            return state.advertising
+        }
+        logger.info("the session's transports did not open: \(error.message)")
+        // Advertisers are only ever held strongly outside the lock: releasing the last reference
+        // to one runs its deinit, which takes this lock.
+        advertising?.advertiser?.report(error)
+    }
+
+    /// Publishes generation's listeners with the advertised info, after what the publisher was
+    /// asked before (the advertisement before is withdrawn first). What happens to the
+    /// advertisements comes as the node's transport notices; a publication that fails is
+    /// reported to the advertiser, unless it was advertised again since.
+    private func publish(in generation: Generation, state: inout State) {
+        guard var advertising = state.advertising else { return }
+        state.advertisingTurn += 1
+        advertising.turn = state.advertisingTurn
+        state.advertising = advertising
+        let turn = advertising.turn
+        let owner = WeakSession(self)
+        publisher.publish(on: generation.opening, info: advertising.info) { error in
+            owner.session?.publishFailed(error, turn: turn)
+        }
+    }
+
+    /// The publication of `turn` failed: its advertiser, if it still advertises, is told.
+    private func publishFailed(_ error: PeerLinkError, turn: Int) {
+        let advertising = state.withLock { state -> Advertising? in
+            guard let advertising = state.advertising, advertising.turn == turn else { return nil }
+            state.advertising = nil
+            return advertising
+        }
+        guard let advertising else { return }
+        logger.info("advertising failed: \(error.message)")
+        advertising.advertiser?.report(error)
     }
 
     /// Carries out one command; returns the invitation or answer that could not be sent.
@@ -428,6 +520,8 @@ public final class MultipeerSession: Sendable {
                 try await session.send(data, to: peers, reliable: reliable)
             case .disconnect:
                 await session.disconnect()
+            case .ask:
+                break  // taken up before (it needs the session)
             }
         } catch {
             let error = error as? PeerLinkError ?? PeerLinkError(.unknown, "\(error)")
@@ -544,8 +638,7 @@ public final class MultipeerSession: Sendable {
             let advertising = state.withLock { state -> Advertising? in
                 guard state.generation?.number == number, let advertising = state.advertising else { return nil }
                 state.advertising = nil
-                state.publication?.stop()
-                state.publication = nil
+                publisher.withdraw()
                 return advertising
             }
             advertising?.advertiser?.report(error)
@@ -557,10 +650,14 @@ public final class MultipeerSession: Sendable {
     private struct State {
         weak var delegate: (any MultipeerSessionDelegate)?
         var serviceType: ServiceType?
+        /// A node of the session opened: the service type is the session's for good (until
+        /// then, a node that does not open leaves the session free to serve another).
+        var serviceTypeSettled = false
         var generation: Generation?
         var nextGeneration = 1
-        var publication: NodePublication?
         var advertising: Advertising?
+        /// Counts publications asked for, so a late failure of one advertised again since is not reported.
+        var advertisingTurn = 0
         var peers: [Fingerprint: Tracked] = [:]
         var clock = 0
         /// Files on their way to or from peers, until they end.
@@ -588,18 +685,25 @@ public final class MultipeerSession: Sendable {
         var id: ObjectIdentifier
         weak var advertiser: NearbyServiceAdvertiser?
         var info: DiscoveryInfo
+        /// The publication asked for last (``State/advertisingTurn``).
+        var turn: Int
     }
 
     /// One run of the session: a PeerNode from the first use (or the last disconnect) to the next
     /// disconnect.
     private struct Generation: Sendable {
         var number: Int
-        var peer: PeerNode
+        /// The node, once it is open.
+        var peer: PeerNode?
+        /// Opens the node, on a thread of its own.
+        var opening: Task<Result<PeerNode, PeerLinkError>, Never>
         var commands: AsyncStream<Command>.Continuation
         var task: Task<Void, Never>
     }
 
     private enum Command: Sendable, CustomStringConvertible {
+        /// Ask the delegate about the peer's key, then invite it (once the node is open).
+        case ask(MultipeerPeerID, found: DiscoveredPeer?, context: [UInt8], timeout: Duration)
         case invite(PeerID, context: [UInt8], timeout: Duration)
         case respond(InvitationID, from: PeerID, accept: Bool)
         case send([UInt8], to: [PeerID], reliable: Bool)
@@ -607,6 +711,7 @@ public final class MultipeerSession: Sendable {
 
         var description: String {
             switch self {
+            case .ask(let peer, _, _, _): "asking about \(peer) before inviting it"
             case .invite(let peer, _, _): "inviting \(peer)"
             case .respond(let invitation, let peer, let accept): "\(accept ? "accepting" : "declining") \(invitation) from \(peer)"
             case .send(let data, let peers, let reliable):
@@ -615,6 +720,61 @@ public final class MultipeerSession: Sendable {
             }
         }
     }
+}
+
+/// A session's advertising work, in the order it was asked for: publishing a generation's
+/// listeners (once its node is open) and withdrawing them. Both wait for bluetoothd and
+/// avahi-daemon, so each runs on a thread of its own (``PeerLinkPosix/runBlocking(_:_:)``), one
+/// after the other, in a task of the publisher's; the session's lock is never held meanwhile, and
+/// an advertisement is withdrawn before the next one is made (bluetoothd takes one record per
+/// identity and service type).
+private final class Publisher: Sendable {
+    private enum Job: Sendable {
+        case publish(opening: Task<Result<PeerNode, PeerLinkError>, Never>, info: DiscoveryInfo, failed: @Sendable (PeerLinkError) -> Void)
+        case withdraw
+    }
+
+    private let jobs: AsyncStream<Job>.Continuation
+
+    init() {
+        let (stream, jobs) = AsyncStream.makeStream(of: Job.self)
+        self.jobs = jobs
+        Task {
+            var current: NodePublication?
+            for await job in stream {
+                if let previous = current {
+                    current = nil
+                    await runBlocking("peerlink-mpc-withdraw") { previous.stop() }
+                }
+                guard case .publish(let opening, let info, let failed) = job else { continue }
+                // A node that did not open is reported by its generation.
+                guard case .success(let node) = await opening.value else { continue }
+                do throws(PeerLinkError) {
+                    current = try await runBlocking("peerlink-mpc-publish") { () throws(PeerLinkError) -> NodePublication in
+                        try node.publish(info: info)
+                    }
+                } catch {
+                    failed(error)
+                }
+            }
+            // The session was released: what is still published is withdrawn.
+            if let current { await runBlocking("peerlink-mpc-withdraw") { current.stop() } }
+        }
+    }
+
+    /// Publishes the node `opening` opens with `info` once it is open, after withdrawing the
+    /// current advertisement; `failed` is told when it cannot.
+    func publish(
+        on opening: Task<Result<PeerNode, PeerLinkError>, Never>, info: DiscoveryInfo, failed: @escaping @Sendable (PeerLinkError) -> Void
+    ) {
+        jobs.yield(.publish(opening: opening, info: info, failed: failed))
+    }
+
+    /// Withdraws the current advertisement.
+    func withdraw() { jobs.yield(.withdraw) }
+
+    /// No more work: what is queued is done, then the task ends.
+    func finish() { jobs.finish() }
 }
 
 /// A session held weakly, for the tasks a session owns (so releasing the session ends them).

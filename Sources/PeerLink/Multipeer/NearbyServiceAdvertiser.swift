@@ -83,6 +83,9 @@ public final class NearbyServiceAdvertiser: Sendable {
     /// Publishes the local peer (through its session) with the discovery info. Calling it again
     /// while advertising does nothing. Failures go to
     /// ``NearbyServiceAdvertiserDelegate/advertiser(_:didNotStartAdvertisingPeer:)``.
+    ///
+    /// It returns without waiting for bluetoothd or avahi-daemon: the session opens its node and
+    /// publishes it on threads of their own, and a failure there reaches the delegate the same way.
     public func startAdvertisingPeer() {
         if state.withLock({ $0.session != nil }) { return }
         do throws(PeerLinkError) {
