@@ -36,7 +36,9 @@ import PeerLinkCore
 ///   wait for it.
 /// - Streams are the channel's, not the link's: they go on when the link closes and another
 ///   link to the same peer takes over.
-/// - ``events`` is a single-consumer stream, buffered without limit: consume it.
+/// - ``events`` is a single-consumer stream, buffered without limit: consume it. (A session's
+///   links hand their events to the session instead, on the thread that read them: one
+///   hand-over between tasks less for every frame.)
 /// - The close reason is logged once, at info level, with the link's metadata (`peer.id`,
 ///   `transport`, `link.remote`, `link.role`).
 public final class Link: Sendable {
@@ -252,6 +254,38 @@ public final class Link: Sendable {
             return []
         }
         emit(logs)
+    }
+
+    /// From now on frames and the closure are held for a handler (``handleEvents(_:)``) instead
+    /// of going to ``events``, which yields nothing. Call it before ``run()``.
+    func holdEventsForHandler() {
+        state.withLock { $0.eventRoute = .held }
+    }
+
+    /// Hands `handler` the events held so far, then each one as it comes, in order: frames, then
+    /// `.closed` once. It runs where the link's outbox is carried out — usually the reader's
+    /// task, right after the record was read — with no lock held, one event at a time. Once
+    /// only, after ``holdEventsForHandler()``.
+    func handleEvents(_ handler: @escaping @Sendable (Event) -> Void) {
+        eventSink.finish()
+        state.withLockThenDeliver { state in
+            guard case .held = state.eventRoute else {
+                preconditionFailure("handleEvents(_:) needs holdEventsForHandler() first, and only once")
+            }
+            state.eventRoute = .handler(handler)
+            let held = state.heldEvents
+            state.heldEvents = []
+            if !held.isEmpty { state.outbox.add { for event in held { handler(event) } } }
+        }
+    }
+
+    /// Queues `event` where it goes (under the lock).
+    private func queueEvent(_ event: Event, in state: inout State) {
+        switch state.eventRoute {
+        case .stream: state.outbox.add { self.eventSink.yield(event) }
+        case .held: state.heldEvents.append(event)
+        case .handler(let handler): state.outbox.add { handler(event) }
+        }
     }
 
     /// Carries out what waits in the outbox (resumes, events), unless another thread is at it.
@@ -672,7 +706,7 @@ public final class Link: Sendable {
             case .frame(.ack(let through)):
                 logs += route(.acknowledgment(through), in: &state)
             case .frame(let frame):
-                state.outbox.add { self.eventSink.yield(.frame(frame)) }
+                queueEvent(.frame(frame), in: &state)
             case .sequenced(let frame, let sequence):
                 logs += route(.sequenced(frame, sequence), in: &state)
             case .closed(let code, let reason, let byPeer):
@@ -695,10 +729,8 @@ public final class Link: Sendable {
                     state.earlyRoomWaiter = nil
                     state.outbox.add { waiter.resume() }
                 }
-                state.outbox.add {
-                    self.eventSink.yield(.closed(code: closure.code, reason: closure.reason, byPeer: closure.byPeer))
-                    self.eventSink.finish()
-                }
+                queueEvent(.closed(code: closure.code, reason: closure.reason, byPeer: closure.byPeer), in: &state)
+                state.outbox.add { self.eventSink.finish() }
                 logs.append(
                     LogEntry(
                         level: .info, message: "link closed",
@@ -853,7 +885,7 @@ public final class Link: Sendable {
         case .sequenced(let frame, let sequence):
             switch channel.receive(frame, sequence: sequence, on: self, at: clock.now()) {
             case .deliver(let frame):
-                state.outbox.add { self.eventSink.yield(.frame(frame)) }
+                queueEvent(.frame(frame), in: &state)
             case .handled, .dropped:
                 break
             case .violation(let error):
@@ -873,6 +905,15 @@ public final class Link: Sendable {
     // MARK: - State
 
     enum Phase { case notStarted, running, finished }
+
+    enum EventRoute {
+        /// Yielded to ``Link/events``.
+        case stream
+        /// Held for a handler that is not there yet.
+        case held
+        /// Handed to the handler, from the link's outbox.
+        case handler(@Sendable (Event) -> Void)
+    }
 
     struct State: OutboxOwner {
         var machine: LinkStateMachine
@@ -919,6 +960,11 @@ public final class Link: Sendable {
 
         var readerEnded = false
         var readerEndWaiter: CheckedContinuation<Void, Never>?
+
+        /// Where frames and the closure go (see ``Link/handleEvents(_:)``).
+        var eventRoute = EventRoute.stream
+        /// Events held until ``Link/handleEvents(_:)`` gives their handler.
+        var heldEvents: [Event] = []
 
         /// Resumes and events, carried out once the lock is released (see ``Outbox``).
         var outbox = Outbox()

@@ -540,6 +540,7 @@ extension PeerSession {
                 channel: channel, role: role ?? (peer == nil ? .listener : .dialer), identity: configuration.identity,
                 preface: preface, hello: hello, policy: configuration.linkPolicy, expectedRemote: peer?.fingerprint,
                 clock: clock, logger: logger)
+            link.holdEventsForHandler()  // taken by drive(_:id:dialing:) as they arrive
             core.links[id] = SessionCore.LinkEntry(link: link, dialed: peer)
             core.liveLinks += 1
             recordLink(channel, in: &core)  // Resource limits (issue 11)
@@ -574,39 +575,8 @@ extension PeerSession {
                 return nil
             }
             guard admit(link, id: id, established) else { return nil }
-            let channel = link.attachedChannel
             group.addTask { await self.writeLoop(link, id: id) }
-            for await event in link.events {
-                switch event {
-                case .frame(let frame):
-                    if case .message = frame, let channel {
-                        // The chunk the channel accepted first goes through the state machine,
-                        // whichever link's event this is: right after a link change the old
-                        // link's last chunks and the new link's first ones arrive here on two
-                        // tasks, and taking them in this event's stead would reorder messages.
-                        // Taken under the session's lock, so two tasks take and apply in turn.
-                        // Then the chunk is held in part, or counted anew as a complete message
-                        // (or dropped). A chunk does not change which link carries a peer (a
-                        // limit it breaks closes a link, and that close is an input of its own):
-                        // the channels need no look.
-                        let processed = apply(linksMayChange: false) { core, now -> ([SessionAction], (chunk: Int, partial: Int)?) in
-                            guard let next = channel.takeDelivered(), case .message(_, _, let chunk) = next else { return ([], nil) }
-                            return (
-                                core.machine.frameReceived(next, on: id, from: established.remote, at: now),
-                                (chunk.count, core.machine.partialMessageBytes(from: established.remote))
-                            )
-                        }
-                        if let processed { channel.chunkProcessed(processed.chunk, partialMessageBytes: processed.partial) }
-                    } else {
-                        apply { core, now in (core.machine.frameReceived(frame, on: id, from: established.remote, at: now), ()) }
-                    }
-                case .closed(let code, let reason, let byPeer):
-                    // After the handshake, only an admission check closes a link with code 7.
-                    if byPeer, code == .identityMismatch { refusedByPeer(established.remote, reason: reason) }
-                    let lost = link.closure?.lost ?? false
-                    apply { core, now in (core.machine.linkClosed(id, code: code, reason: reason, lost: lost, at: now), ()) }
-                }
-            }
+            await takeEvents(of: link, id: id, from: established.remote)
             core.withLockThenDeliver { core in
                 core.links[id]?.ended = true
                 core.wakeWriter(id, returning: false)
@@ -615,6 +585,55 @@ extension PeerSession {
         }
         unregister(id)
         return failure
+    }
+
+    /// Takes the link's frames and its closure into the state machine as they arrive, on the
+    /// thread that read them (the link's reader, through its outbox): no hand-over to another
+    /// task per frame. Returns once the link closed, or when the task is cancelled; a frame or
+    /// closure that comes after that (or after the link was marked ended) is not taken.
+    private func takeEvents(of link: Link, id: LinkID, from remote: PeerID) async {
+        let closed = Latch()
+        let channel = link.attachedChannel
+        link.handleEvents { event in
+            switch event {
+            case .frame(let frame):
+                if case .message = frame, let channel {
+                    // The chunk the channel accepted first goes through the state machine,
+                    // whichever link's event this is: right after a link change the old
+                    // link's last chunks and the new link's first ones arrive here on two
+                    // threads, and taking them in this event's stead would reorder messages.
+                    // Taken under the session's lock, so two threads take and apply in turn.
+                    // Then the chunk is held in part, or counted anew as a complete message
+                    // (or dropped). A chunk does not change which link carries a peer (a
+                    // limit it breaks closes a link, and that close is an input of its own):
+                    // the channels need no look.
+                    let processed = self.apply(linksMayChange: false) { core, now -> ([SessionAction], (chunk: Int, partial: Int)?) in
+                        guard core.links[id]?.ended != true else { return ([], nil) }
+                        guard let next = channel.takeDelivered(), case .message(_, _, let chunk) = next else { return ([], nil) }
+                        return (
+                            core.machine.frameReceived(next, on: id, from: remote, at: now),
+                            (chunk.count, core.machine.partialMessageBytes(from: remote))
+                        )
+                    }
+                    if let processed { channel.chunkProcessed(processed.chunk, partialMessageBytes: processed.partial) }
+                } else {
+                    self.apply { core, now in
+                        guard core.links[id]?.ended != true else { return ([], ()) }
+                        return (core.machine.frameReceived(frame, on: id, from: remote, at: now), ())
+                    }
+                }
+            case .closed(let code, let reason, let byPeer):
+                // After the handshake, only an admission check closes a link with code 7.
+                if byPeer, code == .identityMismatch { self.refusedByPeer(remote, reason: reason) }
+                let lost = link.closure?.lost ?? false
+                self.apply { core, now in
+                    guard core.links[id]?.ended != true else { return ([], ()) }
+                    return (core.machine.linkClosed(id, code: code, reason: reason, lost: lost, at: now), ())
+                }
+                closed.fire()
+            }
+        }
+        await closed.wait()
     }
 
     /// A stream the peer opened: handed to the app when the peer is in the session (or on its
