@@ -120,6 +120,11 @@ package final class Readiness: @unchecked Sendable {
         lock.withLock { _ = ended.remove(fd) }
     }
 
+    /// Whether waits on `fd` return at once (``end(_:)`` without ``forget(_:)`` since): for tests.
+    package func isEnded(_ fd: Int32) -> Bool {
+        lock.withLock { ended.contains(fd) }
+    }
+
     /// Called with the lock held: arms `fd`, one-shot, for everything its parked waits want.
     private func arm(_ fd: Int32) throws(SystemError) {
         var events: UInt32 = 0

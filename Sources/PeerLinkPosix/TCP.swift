@@ -348,14 +348,20 @@ package final class Descriptor: @unchecked Sendable {
     }
 
     package func close() {
-        let (wasOpen, unused) = lock.withLock { () -> (Bool, Bool) in
-            defer { closed = true }
-            return (!closed, users == 0)
+        // The close counts as a user until it has shut the socket down and ended its waits: a
+        // call that returns meanwhile must not close the number first (the shutdown would hit
+        // whatever socket took the number next, and `end` would mark that socket ended after
+        // `forget`, so every wait on it would return at once: its reader would spin).
+        let wasOpen = lock.withLock { () -> Bool in
+            guard !closed else { return false }
+            closed = true
+            users += 1
+            return true
         }
         guard wasOpen else { return }
         Sys.shutdown(fd, Int32(SHUT_RDWR))
         Readiness.shared.end(fd)
-        if unused { closeNumber() }
+        release()
     }
 
     /// Closes the number itself, once nobody uses it.

@@ -1,6 +1,8 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Foundation
+import PeerLinkCore
 import PeerLinkPosix
 import Testing
 
@@ -47,6 +49,41 @@ struct ReadinessTests {
         func close() {
             Glibc.close(a)
             Glibc.close(b)
+        }
+    }
+
+    @Test("a descriptor closed while its last call returns on another thread: its number is closed after its waits were ended, never left ended")
+    func closeRacingTheLastUser() async throws {
+        for _ in 0..<3000 {
+            let pair = try SocketPair()
+            let descriptor = Descriptor(pair.a)
+            _ = try descriptor.acquire("test")
+            let go = Locked(false)
+            let released = Locked(false)
+            // The last call returns on another thread while close() runs on this one.
+            let releaser = Thread {
+                while !go.withLock({ $0 }) {}
+                descriptor.release()
+                released.withLock { $0 = true }
+            }
+            releaser.start()
+            go.withLock { $0 = true }
+            descriptor.close()
+            while !released.withLock({ $0 }) { usleep(50) }
+            Glibc.close(pair.b)
+            // Both returned, so the number is closed, and it must not stay ended: a socket that
+            // takes the number next would have every wait return at once (its reader would
+            // spin). Another test's descriptor that has this number and is being closed right
+            // now is ended only for a moment: looked at again for up to 20 ms.
+            var ended = Readiness.shared.isEnded(pair.a)
+            var looks = 0
+            while ended, looks < 20 {
+                usleep(1000)
+                looks += 1
+                ended = Readiness.shared.isEnded(pair.a)
+            }
+            #expect(!ended, "descriptor \(pair.a) left ended after its number was closed")
+            if ended { break }
         }
     }
 
