@@ -272,9 +272,12 @@ public final class Link: Sendable {
             guard case .held = state.eventRoute else {
                 preconditionFailure("handleEvents(_:) needs holdEventsForHandler() first, and only once")
             }
-            state.eventRoute = .handler(handler)
             let held = state.heldEvents
             state.heldEvents = []
+            // A handler that has had `.closed` is let go: it may hold the link's owner (and
+            // the link), which would otherwise keep each other alive.
+            let closed = held.contains { if case .closed = $0 { true } else { false } }
+            state.eventRoute = closed ? .done : .handler(handler)
             if !held.isEmpty { state.outbox.add { for event in held { handler(event) } } }
         }
     }
@@ -284,7 +287,10 @@ public final class Link: Sendable {
         switch state.eventRoute {
         case .stream: state.outbox.add { self.eventSink.yield(event) }
         case .held: state.heldEvents.append(event)
-        case .handler(let handler): state.outbox.add { handler(event) }
+        case .handler(let handler):
+            state.outbox.add { handler(event) }
+            if case .closed = event { state.eventRoute = .done }
+        case .done: break
         }
     }
 
@@ -913,6 +919,8 @@ public final class Link: Sendable {
         case held
         /// Handed to the handler, from the link's outbox.
         case handler(@Sendable (Event) -> Void)
+        /// The handler has had `.closed` and is let go.
+        case done
     }
 
     struct State: OutboxOwner {

@@ -32,4 +32,19 @@ struct PeerSessionDisconnectTests {
             #expect(lastMessage < leave)
         }
     }
+    @Test("once sessions have ended, nothing keeps them alive: neither their links nor the links' event handlers")
+    func endedSessionsAreFreed() async throws {
+        weak var ana: PeerSession?
+        weak var bo: PeerSession?
+        try await withConnectedPair { a, b in
+            ana = a.session
+            bo = b.session
+            try await a.session.send(Array("hello".utf8), to: [b.peer])
+            try await b.log.wait("Bo has Ana's message") { $0.messages(from: a.peer).count == 1 }
+        }
+        // Whatever of the links' last steps still runs (an outbox being carried out) lets go soon.
+        for _ in 0..<200 where ana != nil || bo != nil { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(ana == nil, "Ana's session outlived its end")
+        #expect(bo == nil, "Bo's session outlived its end")
+    }
 }
