@@ -41,6 +41,27 @@ struct Bench: AsyncParsableCommand {
     var json = false
 
     @Option(
+        help: ArgumentHelp(
+            "Over TCP, only these measurements (comma-separated): \(Self.measurements.joined(separator: ", ")). For profiling one path.",
+            valueName: "names"))
+    var only: String?
+
+    @Option(help: ArgumentHelp("Over TCP, only sessions with this encryption: required or none.", valueName: "required|none"))
+    var encryption: String?
+
+    /// What `--only` can name over TCP (`rtt` and `rtt_under_bulk` give their p50 and p99 rows).
+    static let measurements = [
+        "aead_limit", "connect", "messages_64B", "messages_1KiB", "messages_64KiB", "messages_1MiB", "stream", "rtt",
+        "rtt_under_bulk", "mesh8",
+    ]
+
+    /// The measurements `--only` leaves in (all without it).
+    var chosen: Set<String> {
+        guard let only else { return Set(Self.measurements) }
+        return Set(only.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) })
+    }
+
+    @Option(
         name: .customLong("listen-on"),
         help: ArgumentHelp("With --bluetooth: the adapter of the listening side (default: the first one that is up).", valueName: "hciN"))
     var listenOn: String?
@@ -59,6 +80,15 @@ struct Bench: AsyncParsableCommand {
             guard BluetoothBench.isAdapterName(name) else {
                 throw ValidationError("\(option) takes an adapter name such as hci0, not '\(name)' ('hciconfig' lists them)")
             }
+        }
+        if bluetooth, only != nil || encryption != nil {
+            throw ValidationError("--only and --encryption choose among the TCP measurements: leave out --bluetooth")
+        }
+        if let unknown = chosen.subtracting(Self.measurements).sorted().first {
+            throw ValidationError("--only takes measurement names (\(Self.measurements.joined(separator: ", "))), not '\(unknown)'")
+        }
+        if let encryption, encryption != "required", encryption != "none" {
+            throw ValidationError("--encryption is required or none, not '\(encryption)'")
         }
         if let listenOn, listenOn == dialFrom {
             throw ValidationError("--listen-on and --dial-from must name two different adapters (a link needs two ends)")
@@ -90,17 +120,24 @@ struct Bench: AsyncParsableCommand {
         report.line("peerlink-bench\(smoke ? " --smoke" : "") — loopback TCP, \(ProcessInfo.processInfo.activeProcessorCount) CPUs, \(Self.buildKind) build")
         report.line("")
 
+        let chosen = self.chosen
         // The cipher's own limit on this machine, the ceiling of every encrypted figure below.
-        report.section("the AEAD alone (one core, no I/O)", baseline: "")
-        report.aeadLimit(try AEADLimit.measure(seconds: smoke ? 0.05 : 1))
-        report.line("")
+        if chosen.contains("aead_limit") {
+            report.section("the AEAD alone (one core, no I/O)", baseline: "")
+            report.aeadLimit(try AEADLimit.measure(seconds: smoke ? 0.05 : 1))
+            report.line("")
+        }
 
-        for encryption in [EncryptionPreference.required, .none] {
+        let pairWork = chosen.subtracting(["aead_limit", "mesh8"])
+        for encryption in [EncryptionPreference.required, .none] where !pairWork.isEmpty {
+            if let only = self.encryption, only != (encryption == .none ? "none" : "required") { continue }
             let label = encryption == .none ? "plain" : "encrypted"
             let pair = try await SessionPair.loopback(encryption: encryption)
             report.section("\(label) session (Noise ChaChaPoly\(encryption == .none ? " off" : ""))", baseline: "raw TCP")
-            report.duration("found → connected", key: "connect", encryption: encryption, pair.connectTime, baseline: nil)
-            for size in [64, 1024, 64 * 1024, 1024 * 1024] {
+            if chosen.contains("connect") {
+                report.duration("found → connected", key: "connect", encryption: encryption, pair.connectTime, baseline: nil)
+            }
+            for size in [64, 1024, 64 * 1024, 1024 * 1024] where chosen.contains("messages_\(Report.key(size))") {
                 // Small messages cost per message: move less of them.
                 let total = size < 1024 ? volume / 16 : size < 64 * 1024 ? volume / 4 : volume
                 let session = try await pair.throughput(messageSize: size, total: total)
@@ -109,23 +146,34 @@ struct Bench: AsyncParsableCommand {
                     "\(Report.size(size)) messages", key: "messages_\(Report.key(size))", encryption: encryption,
                     bytes: total, messageSize: size < 1024 ? size : nil, session: session, raw: raw)
             }
-            let streamed = try await pair.streamThroughput(total: volume)
-            let rawStream = try RawTCP.throughput(messageSize: 64 * 1024, total: volume)
-            report.throughput(
-                "one stream of \(Report.size(volume))", key: "stream", encryption: encryption, bytes: volume, session: streamed, raw: rawStream)
-            let alone = try await pair.roundTrips(samples: samples, duringBulk: false)
-            let rawRTT = try RawTCP.roundTrips(size: 64, samples: samples)
-            report.latency("64 B round trip", key: "rtt", encryption: encryption, session: alone, raw: rawRTT)
-            let loaded = try await pair.roundTrips(samples: samples, duringBulk: true)
-            report.latency("64 B round trip during a bulk stream", key: "rtt", suffix: "_under_bulk", encryption: encryption, session: loaded, raw: nil)
+            if chosen.contains("stream") {
+                let streamed = try await pair.streamThroughput(total: volume)
+                let rawStream = try RawTCP.throughput(messageSize: 64 * 1024, total: volume)
+                report.throughput(
+                    "one stream of \(Report.size(volume))", key: "stream", encryption: encryption, bytes: volume, session: streamed,
+                    raw: rawStream)
+            }
+            if chosen.contains("rtt") {
+                let alone = try await pair.roundTrips(samples: samples, duringBulk: false)
+                let rawRTT = try RawTCP.roundTrips(size: 64, samples: samples)
+                report.latency("64 B round trip", key: "rtt", encryption: encryption, session: alone, raw: rawRTT)
+            }
+            if chosen.contains("rtt_under_bulk") {
+                let loaded = try await pair.roundTrips(samples: samples, duringBulk: true)
+                report.latency(
+                    "64 B round trip during a bulk stream", key: "rtt", suffix: "_under_bulk", encryption: encryption, session: loaded,
+                    raw: nil)
+            }
             await pair.close()
             report.line("")
         }
 
-        let mesh = try await Mesh.form(peers: 8)
-        report.section("mesh", baseline: "")
-        report.duration("8-peer mesh formation (encrypted)", key: "mesh8", encryption: .required, mesh, baseline: nil)
-        report.line("")
+        if chosen.contains("mesh8") {
+            let mesh = try await Mesh.form(peers: 8)
+            report.section("mesh", baseline: "")
+            report.duration("8-peer mesh formation (encrypted)", key: "mesh8", encryption: .required, mesh, baseline: nil)
+            report.line("")
+        }
         report.peakRSS()
         report.finish()
     }
