@@ -10,6 +10,30 @@ struct SessionChaosTests {
     /// *connecting* unless an app has not answered yet, and no message arrived twice.
     @Test(arguments: Array(1...60) as [UInt64])
     func invariantsHold(seed: UInt64) throws {
+        let (played, context, maximumPeers) = try Self.play(seed: seed)
+        var net = played
+        net.failingDials = []
+        net.advance(by: .seconds(120), tickEvery: .seconds(1))
+
+        for node in net.nodes.indices {
+            #expect(net.connected(node).count <= maximumPeers - 1, "\(context)")
+            for other in net.connected(node) {
+                #expect(net.connected(other).contains(node), "\(context): \(node) → \(other) is not mutual")
+                #expect(net.liveLinks(between: node, and: other) >= 1, "\(context): \(node)–\(other) connected without a link")
+            }
+            for other in net.nodes.indices where other != node && net.machine(node).state(of: net.peer(other)) == .connecting {
+                // Only while the other app has not answered (automatic peers retry).
+                #expect(!net.machine(other).invitationsAwaitingAnswer.isEmpty, "\(context): \(node) stuck connecting to \(other)")
+            }
+            let serials = net.received(node).filter { $0.data.count >= 4 }.map { Array($0.data.prefix(4)) }
+            #expect(Set(serials).count == serials.count, "\(context): a message arrived twice at \(node)")
+        }
+    }
+
+    /// The random operations of one seed, checking the peer limit as they go. With
+    /// `settlingFully`, every input settles in full (the state machine's fast path for
+    /// messages off).
+    static func play(seed: UInt64, settlingFully: Bool = false) throws -> (SessionNet, String, Int) {
         var random = SeededGenerator(seed: seed &* 977)
         let count = Int.random(in: 3...9, using: &random)
         let maximumPeers = Int.random(in: 3...8, using: &random)
@@ -17,6 +41,7 @@ struct SessionChaosTests {
         let context = "seed \(seed), \(count) peers, at most \(maximumPeers), automatic \(automatic)"
         var net = try SessionNet(
             (0..<count).map { "chaos\($0)" }, policy: SessionPolicy(maximumPeers: maximumPeers, automatic: automatic), seed: seed)
+        if settlingFully { for node in net.nodes.indices { net.nodes[node].machine.settlesEveryInputFully = true } }
         if automatic { net.discoverEveryone() }
         var serial: UInt32 = 0
         for round in 0..<80 {
@@ -50,21 +75,25 @@ struct SessionChaosTests {
             if Bool.random(using: &random) { net.advance(by: .seconds(Int64.random(in: 0...5, using: &random))) }
             for node in net.nodes.indices { #expect(net.connected(node).count <= maximumPeers - 1, "\(context)") }
         }
-        net.failingDials = []
-        net.advance(by: .seconds(120), tickEvery: .seconds(1))
+        return (net, context, maximumPeers)
+    }
 
-        for node in net.nodes.indices {
-            #expect(net.connected(node).count <= maximumPeers - 1, "\(context)")
-            for other in net.connected(node) {
-                #expect(net.connected(other).contains(node), "\(context): \(node) → \(other) is not mutual")
-                #expect(net.liveLinks(between: node, and: other) >= 1, "\(context): \(node)–\(other) connected without a link")
-            }
-            for other in net.nodes.indices where other != node && net.machine(node).state(of: net.peer(other)) == .connecting {
-                // Only while the other app has not answered (automatic peers retry).
-                #expect(!net.machine(other).invitationsAwaitingAnswer.isEmpty, "\(context): \(node) stuck connecting to \(other)")
-            }
-            let serials = net.received(node).filter { $0.data.count >= 4 }.map { Array($0.data.prefix(4)) }
-            #expect(Set(serials).count == serials.count, "\(context): a message arrived twice at \(node)")
+    /// The fast path for messages (`settle(movingMessagesOf:)`) is an optimization only: the
+    /// same operations with every input settled in full give every peer the same events, the
+    /// same closes and the same control messages, in the same order.
+    @Test(arguments: Array(1...30) as [UInt64])
+    func theFastPathChangesNothing(seed: UInt64) throws {
+        var fast = try Self.play(seed: seed).0
+        var full = try Self.play(seed: seed, settlingFully: true).0
+        fast.failingDials = []
+        full.failingDials = []
+        fast.advance(by: .seconds(120), tickEvery: .seconds(1))
+        full.advance(by: .seconds(120), tickEvery: .seconds(1))
+        for node in fast.nodes.indices {
+            #expect(fast.events(node).map { "\($0)" } == full.events(node).map { "\($0)" }, "seed \(seed), node \(node)")
         }
+        #expect(fast.closes.map { "\($0)" } == full.closes.map { "\($0)" }, "seed \(seed)")
+        #expect(fast.controlLog.map { "\($0)" } == full.controlLog.map { "\($0)" }, "seed \(seed)")
+        #expect(fast.stepsTaken == full.stepsTaken, "seed \(seed)")
     }
 }

@@ -596,6 +596,58 @@ extension SessionStateMachine {
     /// Run after every input: settles what waited for a place, makes automatic invitations,
     /// picks each peer's send link (re-sending what a lost link may have swallowed), announces
     /// ready links, and reports state changes.
+    ///
+    /// After an input that only queued messages for `involved` peers or took messages from
+    /// them (no invitation, join, link or place changed), the rules are skipped while
+    /// ``rulesQuietUntil`` says the last full settle left them nothing to do until a later
+    /// time, and only the involved peers are pumped: the others are as the last settle left
+    /// them. Every message sent or received comes here, so this is the session's fast path.
+    mutating func settle(movingMessagesOf involved: [Fingerprint]) {
+        guard now < rulesQuietUntil, !settlesEveryInputFully else {
+            settle()
+            return
+        }
+        // What `pump` would do for a peer whose links, invitations and joins are as the last
+        // settle left them: announce frames queued for its send link.
+        for fingerprint in involved.count > 1 ? involved.sorted() : involved {
+            guard let index = peers.index(forKey: fingerprint), let link = peers.values[index].sendLink,
+                !peers.values[index].signalled, !peers.values[index].outbox.isEmpty
+            else { continue }
+            peers.values[index].signalled = true
+            emit(.framesReady(link))
+        }
+        // No state changes either; each peer with business had it until now.
+        var index = peers.values.startIndex
+        while index != peers.values.endIndex {
+            if peers.values[index].isMember || hasBusiness(peers.values[index]) { peers.values[index].purposeAt = now }
+            peers.values.formIndex(after: &index)
+        }
+    }
+
+    /// Until when the rules of ``settle()`` have nothing to do as long as only messages come
+    /// in: never again without another input if no invitation waits for room, no join waits,
+    /// and automatic mode has no peer to invite later; the earliest automatic retry or
+    /// fallback when it has; now (not quiet) when anything waits.
+    func rulesQuietTime() -> Duration {
+        if incoming.values.contains(where: { $0.state == .awaitingRoom }) { return now }
+        if peers.values.contains(where: { $0.pendingJoin != nil }) { return now }
+        var quiet = Duration.seconds(Int64.max)
+        guard isAutomatic else { return quiet }
+        for (fingerprint, record) in peers {
+            guard record.found, !record.autoBlocked, !record.holdsPlace, record.pendingJoin == nil,
+                record.replacementDeadline == nil, !incoming.values.contains(where: { $0.peer == fingerprint }),
+                hasRoom(excluding: fingerprint)
+            else { continue }
+            var due = record.autoRetryAt ?? now
+            if fingerprint < localPeer.fingerprint {
+                guard let fallback = automaticFallbackDeadline(record) else { continue }
+                due = max(due, fallback)
+            }
+            quiet = min(quiet, due)
+        }
+        return quiet
+    }
+
     mutating func settle() {
         var rounds = 0
         var changed = true
@@ -646,6 +698,13 @@ extension SessionStateMachine {
             }
         }
         for fingerprint in sortedPeers() where peers[fingerprint] != nil { pump(fingerprint) }
+        rulesQuietUntil = rulesQuietTime()
+        reportStates()
+    }
+
+    /// Notes when each peer last had business with the session and reports the peers whose
+    /// state changed, in the peers' order.
+    mutating func reportStates() {
         // Every input comes here (each message sent or received): the records are updated where
         // they lie, not copied out and back, and the rare state changes are reported in the
         // peers' order.

@@ -103,6 +103,12 @@ public struct SessionStateMachine: Sendable {
     var nextInvitationNumber: UInt32 = 1
     var nextLinkOrder = 0
     var actions: [SessionAction] = []
+    /// Until when `settle()`'s rules (waiting invitations and joins, automatic invitations)
+    /// have nothing to do for an input that only moves messages: set by every full settle.
+    var rulesQuietUntil: Duration = .zero
+    /// Every input settles in full, messages too (no fast path): for tests that check the
+    /// fast path changes nothing.
+    package var settlesEveryInputFully = false
 
     /// - Parameters:
     ///   - localPeer: who the local peer is (its fingerprint decides every tie-break).
@@ -181,21 +187,28 @@ public struct SessionStateMachine: Sendable {
 
     /// When ``tick(at:)`` has something to do next, or nil.
     public var nextDeadline: Duration? {
-        var deadlines: [Duration] = []
+        // Read after every input: the earliest is kept as it goes, nothing is gathered.
+        var earliest: Duration?
+        func consider(_ deadline: Duration?) {
+            if let deadline, earliest.map({ deadline < $0 }) ?? true { earliest = deadline }
+        }
         for invitation in outgoing.values {
-            deadlines.append(invitation.sentOn == nil ? invitation.deadline : invitation.deadline + policy.responseGrace)
+            consider(invitation.sentOn == nil ? invitation.deadline : invitation.deadline + policy.responseGrace)
         }
-        deadlines += incoming.values.map(\.deadline)
+        for invitation in incoming.values { consider(invitation.deadline) }
         for record in peers.values {
-            deadlines += [record.replacementDeadline, record.joiningDeadline, record.announcedDeadline, record.pendingJoin?.deadline]
-                .compactMap { $0 }
-            if let idle = idleDeadline(record) { deadlines.append(idle) }
-            if isAutomatic, let retry = record.autoRetryAt, retry > now { deadlines.append(retry) }
-            if isAutomatic, let fallback = automaticFallbackDeadline(record), fallback > now { deadlines.append(fallback) }
-            deadlines += [record.reconnectDeadline, record.redialAt].compactMap { $0 }
-            if let upgrade = upgradeDeadline(record) { deadlines.append(upgrade) }
+            consider(record.replacementDeadline)
+            consider(record.joiningDeadline)
+            consider(record.announcedDeadline)
+            consider(record.pendingJoin?.deadline)
+            consider(idleDeadline(record))
+            if isAutomatic, let retry = record.autoRetryAt, retry > now { consider(retry) }
+            if isAutomatic, let fallback = automaticFallbackDeadline(record), fallback > now { consider(fallback) }
+            consider(record.reconnectDeadline)
+            consider(record.redialAt)
+            consider(upgradeDeadline(record))
         }
-        return deadlines.min()
+        return earliest
     }
 
     // MARK: - The app
@@ -346,7 +359,7 @@ public struct SessionStateMachine: Sendable {
                 droppedDatagramsByPeer[fingerprint, default: 0] += 1
             }
         }
-        settle()
+        settle(movingMessagesOf: fingerprints)
         return takeActions()
     }
 
@@ -592,7 +605,14 @@ public struct SessionStateMachine: Sendable {
         case .ping, .data, .windowUpdate, .ack:
             break
         }
-        settle()
+        switch frame {
+        case .message, .datagram:
+            // Unless a limit closed a link: the rules have no new business.
+            let closes = actions.contains { if case .closeLink = $0 { true } else { false } }
+            if closes { settle() } else { settle(movingMessagesOf: [fingerprint]) }
+        default:
+            settle()
+        }
         return takeActions()
     }
 
