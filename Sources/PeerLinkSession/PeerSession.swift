@@ -192,9 +192,8 @@ public final class PeerSession: Sendable {
     /// Read it: a peer whose messages wait here beyond
     /// ``PeerLinkCore/ResourceLimits/maximumQueuedMessageBytesPerPeer`` is held back.
     public var events: PeerSessionEvents {
-        PeerSessionEvents(base: eventStream, taken: { [weak self] in self?.eventTaken($0) })
+        PeerSessionEvents(queue: eventSink, taken: { [weak self] in self?.eventTaken($0) })
     }
-    let eventStream: AsyncStream<PeerSessionEvent>
     /// Streams peers opened to the local peer, accepted already, for one consumer; it finishes
     /// when ``run()`` returns. Read them (or reset them): an unread stream holds its sender.
     public let incomingStreams: AsyncStream<PeerStream>
@@ -208,7 +207,7 @@ public final class PeerSession: Sendable {
     let time: LinkClock
     let preface: LinkPreface
     let hello: Hello
-    let eventSink: AsyncStream<PeerSessionEvent>.Continuation
+    let eventSink = EventQueue<PeerSessionEvent>()
     let streamSink: AsyncStream<PeerStream>.Continuation
     let spawns: AsyncStream<@Sendable () async -> Void>
     let spawner: AsyncStream<@Sendable () async -> Void>.Continuation
@@ -276,7 +275,6 @@ public final class PeerSession: Sendable {
         }
         incarnation = .random()
         hello = Hello(displayName: configuration.displayName, incarnation: incarnation)
-        (eventStream, eventSink) = AsyncStream.makeStream(of: PeerSessionEvent.self, bufferingPolicy: .unbounded)
         (incomingStreams, streamSink) = AsyncStream.makeStream(of: PeerStream.self, bufferingPolicy: .unbounded)
         (spawns, spawner) = AsyncStream.makeStream(of: (@Sendable () async -> Void).self, bufferingPolicy: .unbounded)
         core = Locked(SessionCore(machine: machine))

@@ -2,48 +2,148 @@ import PeerLinkCore
 
 /// Events for one consumer, in order, each counted as taken when the consumer takes it (the
 /// session holds back peers whose messages wait too long untaken; see ``PeerSessionEvents``).
-/// Iterate it with `for await event in …`; it finishes when its source is over.
+/// Iterate it with `for await event in …`; it finishes when its source is over, and for a
+/// consumer whose task is cancelled.
 public struct EventSequence<Element: Sendable>: AsyncSequence, Sendable {
     public typealias Failure = Never
 
-    let base: AsyncStream<Element>
+    let queue: EventQueue<Element>
     /// Told of each event as the consumer takes it.
     let taken: @Sendable (Element) -> Void
 
-    package init(base: AsyncStream<Element>, taken: @escaping @Sendable (Element) -> Void) {
-        self.base = base
+    package init(queue: EventQueue<Element>, taken: @escaping @Sendable (Element) -> Void) {
+        self.queue = queue
         self.taken = taken
     }
 
+    /// Takes what waits in the queue at once and hands it out one by one: one lock and at most
+    /// one wake-up for a run of events, not one per event.
     public struct AsyncIterator: AsyncIteratorProtocol {
         public typealias Failure = Never
 
-        var base: AsyncStream<Element>.Iterator
+        let queue: EventQueue<Element>
         let taken: @Sendable (Element) -> Void
+        var batch: [Element] = []
+        var position = 0
 
         public mutating func next() async -> Element? {
-            guard let event = await base.next() else { return nil }
-            taken(event)
-            return event
+            await next(isolation: nil)
         }
 
         public mutating func next(isolation actor: isolated (any Actor)?) async -> Element? {
-            guard let event = await base.next(isolation: actor) else { return nil }
+            if position == batch.count {
+                batch = []
+                position = 0
+                guard let more = await queue.take() else { return nil }
+                batch = more
+            }
+            let event = batch[position]
+            position += 1
             taken(event)
             return event
         }
     }
 
     public func makeAsyncIterator() -> AsyncIterator {
-        AsyncIterator(base: base.makeAsyncIterator(), taken: taken)
+        AsyncIterator(queue: queue, taken: taken)
     }
 
     /// The events as they come, not counted as taken when iterated: for a layer that passes them
     /// on (``markTaken(_:)`` is then its to call, as its own consumer takes each).
-    package var uncounted: AsyncStream<Element> { base }
+    package var uncounted: EventSequence<Element> { EventSequence(queue: queue, taken: { _ in }) }
 
     /// Counts `event` as taken by the consumer (see ``uncounted``).
     package func markTaken(_ event: Element) { taken(event) }
+}
+
+/// Where a producer puts events for one consumer (an ``EventSequence``), in order, unbounded:
+/// ``yield(_:)`` appends under a lock and wakes the consumer only if it waits; the consumer takes
+/// everything queued in one go. ``finish()`` ends it once what is queued has been taken; a
+/// consumer whose task is cancelled ends it at once (what is queued is dropped, as are later
+/// events).
+package final class EventQueue<Element: Sendable>: Sendable {
+    private struct State: Sendable {
+        var items: [Element] = []
+        var waiter: UnsafeContinuation<[Element]?, Never>?
+        var finished = false
+        /// The consumer is gone (its task was cancelled).
+        var terminated = false
+    }
+
+    private let state = Locked(State())
+
+    /// What is queued (`.some(events)`), the end (`.some(nil)`), or nil: nothing yet.
+    private static func takeReady(_ state: inout State) -> [Element]?? {
+        if state.terminated { return .some(nil) }
+        if !state.items.isEmpty {
+            defer { state.items = [] }
+            return .some(state.items)
+        }
+        return state.finished ? .some(nil) : nil
+    }
+
+    package init() {}
+
+    /// Queues `element` for the consumer; false if nobody will take it (finished, or the
+    /// consumer is gone).
+    @discardableResult
+    package func yield(_ element: Element) -> Bool {
+        let (accepted, waiter) = state.withLock { state -> (Bool, UnsafeContinuation<[Element]?, Never>?) in
+            guard !state.finished, !state.terminated else { return (false, nil) }
+            if let waiter = state.waiter {
+                state.waiter = nil
+                return (true, waiter)
+            }
+            state.items.append(element)
+            return (true, nil)
+        }
+        waiter?.resume(returning: [element])
+        return accepted
+    }
+
+    /// No more events: the consumer takes what is queued, then its iteration ends.
+    package func finish() {
+        let waiter = state.withLock { state -> UnsafeContinuation<[Element]?, Never>? in
+            state.finished = true
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume(returning: nil)
+    }
+
+    /// Everything queued, waiting for the first event if none is; nil at the end.
+    func take(isolation: isolated (any Actor)? = #isolation) async -> [Element]? {
+        // Most calls find events waiting, or the end: no continuation, no suspension. A
+        // cancelled consumer's iteration ends, however many events keep coming.
+        let cancelled = Task.isCancelled
+        if let ready = state.withLock({ state -> [Element]?? in
+            if cancelled {
+                state.terminated = true
+                state.items = []
+            }
+            return Self.takeReady(&state)
+        }) {
+            return ready
+        }
+        return await withTaskCancellationHandler {
+            await withUnsafeContinuation(isolation: isolation) { (continuation: UnsafeContinuation<[Element]?, Never>) in
+                let ready = state.withLock { state -> [Element]?? in
+                    let ready = Self.takeReady(&state)
+                    if ready == nil { state.waiter = continuation }
+                    return ready
+                }
+                if let ready { continuation.resume(returning: ready) }
+            }
+        } onCancel: {
+            let waiter = state.withLock { state -> UnsafeContinuation<[Element]?, Never>? in
+                state.terminated = true
+                state.items = []
+                defer { state.waiter = nil }
+                return state.waiter
+            }
+            waiter?.resume(returning: nil)
+        }
+    }
 }
 
 /// What a ``PeerSession`` tells the app, in order, for one consumer: iterate it with

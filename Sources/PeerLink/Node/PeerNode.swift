@@ -54,11 +54,10 @@ public final class PeerNode: Sendable {
     /// ``PeerLinkSession/PeerSessionEvents``).
     public var events: PeerNodeEvents {
         let sessionEvents = session.events
-        return PeerNodeEvents(base: eventStream, taken: { event in
+        return PeerNodeEvents(queue: sink, taken: { event in
             if case .session(let inner) = event { sessionEvents.markTaken(inner) }
         })
     }
-    private let eventStream: AsyncStream<PeerNodeEvent>
     /// The modules chosen, in order (those that could not run included).
     public let modules: [any TransportModule]
     /// The names of the modules whose links are open.
@@ -69,7 +68,7 @@ public final class PeerNode: Sendable {
     /// The merged discovery over every running module.
     public let discovery: PeerDiscovery
 
-    private let sink: AsyncStream<PeerNodeEvent>.Continuation
+    private let sink = EventQueue<PeerNodeEvent>()
     private let trust: NodeTrust
     private let logger: Logger
     private let state = Locked(State())
@@ -157,7 +156,6 @@ public final class PeerNode: Sendable {
             modules: opened.map(\.module),
             request: BrowseRequest(serviceType: configuration.session.serviceType, excluding: [localPeer.fingerprint]),
             ranking: configuration.ranking, logger: logger)
-        (eventStream, sink) = AsyncStream.makeStream(of: PeerNodeEvent.self, bufferingPolicy: .unbounded)
 
         if configuration.advertising {
             let publication = Self.startPublication(
@@ -322,7 +320,7 @@ public final class PeerNode: Sendable {
     /// Starts each module's advertiser at its endpoints; what happens is added to `notices`.
     private static func startPublication(
         _ configuration: PeerSessionConfiguration, info: DiscoveryInfo, on running: [(module: any TransportModule, endpoints: [Endpoint])],
-        sink: AsyncStream<PeerNodeEvent>.Continuation, logger: Logger, notices: inout [TransportNotice]
+        sink: EventQueue<PeerNodeEvent>, logger: Logger, notices: inout [TransportNotice]
     ) -> NodePublication {
         let advertisement = Advertisement(
             identity: configuration.identity, displayName: configuration.displayName, serviceType: configuration.serviceType, info: info)

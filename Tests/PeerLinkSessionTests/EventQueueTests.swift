@@ -1,0 +1,88 @@
+import PeerLinkCore
+import PeerLinkSession
+import Testing
+
+/// The queue behind a session's (and a node's) events: one consumer, in order, batches taken
+/// whole, each event counted as taken when the consumer gets it.
+@Suite("EventQueue", .timeLimit(.minutes(1)))
+struct EventQueueTests {
+    @Test("events come out in order, each counted as taken when handed out, queued ones before the end")
+    func orderAndEnd() async {
+        let queue = EventQueue<Int>()
+        let counted = Locked<[Int]>([])
+        let events = EventSequence(queue: queue, taken: { value in counted.withLock { $0.append(value) } })
+        for value in 0..<1000 { #expect(queue.yield(value)) }
+        let consumer = Task {
+            var seen: [Int] = []
+            for await value in events {
+                // Counted by the time the consumer has it, not before.
+                #expect(counted.withLock { $0.last } == value)
+                seen.append(value)
+                if value == 999 { queue.yield(1000) }
+            }
+            return seen
+        }
+        // Some while the consumer waits, then the end: what is queued still comes first.
+        try? await Task.sleep(for: .milliseconds(20))
+        for value in 1001..<1100 { queue.yield(value) }
+        queue.finish()
+        #expect(!queue.yield(5000), "an event after the end is refused")
+        let seen = await consumer.value
+        #expect(seen == Array(0..<1100))
+        #expect(counted.withLock { $0 } == Array(0..<1100))
+    }
+
+    @Test("a waiting consumer is woken by the next event and by the end")
+    func waitingConsumer() async {
+        let queue = EventQueue<String>()
+        let events = EventSequence(queue: queue, taken: { _ in })
+        let consumer = Task {
+            var iterator = events.makeAsyncIterator()
+            let first = await iterator.next()
+            let second = await iterator.next()
+            return (first, second)
+        }
+        try? await Task.sleep(for: .milliseconds(20))
+        queue.yield("one")
+        try? await Task.sleep(for: .milliseconds(20))
+        queue.finish()
+        let (first, second) = await consumer.value
+        #expect(first == "one")
+        #expect(second == nil)
+    }
+
+    @Test("a cancelled consumer's iteration ends, waiting or not, even while events keep coming")
+    func cancellation() async {
+        let queue = EventQueue<Int>()
+        let events = EventSequence(queue: queue, taken: { _ in })
+        // Waiting when cancelled.
+        let waiting = Task {
+            var count = 0
+            for await _ in events { count += 1 }
+            return count
+        }
+        try? await Task.sleep(for: .milliseconds(20))
+        waiting.cancel()
+        #expect(await waiting.value == 0)
+        #expect(!queue.yield(1), "nobody takes events once the consumer is gone")
+
+        // Busy when cancelled: a producer that never stops does not keep it going.
+        let busyQueue = EventQueue<Int>()
+        let busyEvents = EventSequence(queue: busyQueue, taken: { _ in })
+        let producer = Task.detached {
+            var value = 0
+            while busyQueue.yield(value), value < 5_000_000 { value += 1 }
+        }
+        let busy = Task {
+            var count = 0
+            for await _ in busyEvents {
+                count += 1
+                if count == 1000 { withUnsafeCurrentTask { $0?.cancel() } }
+            }
+            return count
+        }
+        let count = await busy.value
+        #expect(count >= 1000)
+        await producer.value
+    }
+}
