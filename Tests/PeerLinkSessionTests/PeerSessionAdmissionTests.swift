@@ -85,7 +85,8 @@ struct PeerSessionAdmissionTests {
                 return
             }
             #expect(why.contains("not a known peer"), "\(why)")
-            #expect(guarded.log.events.state(of: stranger.peer) == .notConnected)
+            // Reported right after the result: the log may not have taken it yet.
+            try await guarded.log.wait("the stranger is reported not connected") { $0.state(of: stranger.peer) == .notConnected }
             let remote = try #require(stranger.log.events.linkFailures.first)
             #expect(remote.reason.contains("not a known peer"), "\(remote.reason)")
             #expect(stranger.log.events.invitationsReceived.isEmpty)

@@ -593,15 +593,12 @@ extension SessionStateMachine {
 
     // MARK: - Settling
 
-    /// Run after every input: settles what waited for a place, makes automatic invitations,
-    /// picks each peer's send link (re-sending what a lost link may have swallowed), announces
-    /// ready links, and reports state changes.
-    ///
-    /// After an input that only queued messages for `involved` peers or took messages from
-    /// them (no invitation, join, link or place changed), the rules are skipped while
-    /// ``rulesQuietUntil`` says the last full settle left them nothing to do until a later
-    /// time, and only the involved peers are pumped: the others are as the last settle left
-    /// them. Every message sent or received comes here, so this is the session's fast path.
+    /// ``settle()`` after an input that only queued messages for `involved` peers or took
+    /// messages from them (no invitation, join, link or place changed): the rules are skipped
+    /// while ``rulesQuietUntil`` says the last full settle left them nothing to do until a later
+    /// time, and only frames queued for the involved peers are announced: every peer is
+    /// otherwise as the last settle left it. Every message sent or received comes here, so this
+    /// is the session's fast path.
     mutating func settle(movingMessagesOf involved: [Fingerprint]) {
         guard now < rulesQuietUntil, !settlesEveryInputFully else {
             settle()
@@ -648,6 +645,9 @@ extension SessionStateMachine {
         return quiet
     }
 
+    /// Run after every input: settles what waited for a place, makes automatic invitations,
+    /// picks each peer's send link (re-sending what a lost link may have swallowed), announces
+    /// ready links, and reports state changes.
     mutating func settle() {
         var rounds = 0
         var changed = true
