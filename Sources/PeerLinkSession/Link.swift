@@ -262,11 +262,12 @@ public final class Link: Sendable {
         state.withLock { $0.eventRoute = .held }
     }
 
-    /// Hands `handler` the events held so far, then each one as it comes, in order: frames, then
-    /// `.closed` once. It runs where the link's outbox is carried out — usually the reader's
-    /// task, right after the record was read — with no lock held, one event at a time. Once
-    /// only, after ``holdEventsForHandler()``.
-    func handleEvents(_ handler: @escaping @Sendable (Event) -> Void) {
+    /// Hands `handler` the events held so far, then the ones that come, in order and in
+    /// batches: frames, then `.closed` once. It runs where the link's outbox is carried out —
+    /// usually the reader's task, right after a read — with no lock held, one batch at a time;
+    /// a batch holds every event queued since the last one was taken (all the frames of a read,
+    /// often). Once only, after ``holdEventsForHandler()``.
+    func handleEvents(_ handler: @escaping @Sendable ([Event]) -> Void) {
         eventSink.finish()
         state.withLockThenDeliver { state in
             guard case .held = state.eventRoute else {
@@ -278,7 +279,15 @@ public final class Link: Sendable {
             // the link), which would otherwise keep each other alive.
             let closed = held.contains { if case .closed = $0 { true } else { false } }
             state.eventRoute = closed ? .done : .handler(handler)
-            if !held.isEmpty { state.outbox.add { for event in held { handler(event) } } }
+            if !held.isEmpty { state.outbox.add { handler(held) } }
+        }
+    }
+
+    /// The events queued for the handler since its last batch.
+    private func takeHandlerBatch() -> [Event] {
+        state.withLock { state in
+            defer { state.handlerBatch = [] }
+            return state.handlerBatch
         }
     }
 
@@ -288,7 +297,10 @@ public final class Link: Sendable {
         case .stream: state.outbox.add { self.eventSink.yield(event) }
         case .held: state.heldEvents.append(event)
         case .handler(let handler):
-            state.outbox.add { handler(event) }
+            // One hand-over per batch: the first event of a batch schedules it, and it takes
+            // whatever has been queued by the time the outbox carries it out.
+            if state.handlerBatch.isEmpty { state.outbox.add { handler(self.takeHandlerBatch()) } }
+            state.handlerBatch.append(event)
             if case .closed = event { state.eventRoute = .done }
         case .done: break
         }
@@ -918,7 +930,7 @@ public final class Link: Sendable {
         /// Held for a handler that is not there yet.
         case held
         /// Handed to the handler, from the link's outbox.
-        case handler(@Sendable (Event) -> Void)
+        case handler(@Sendable ([Event]) -> Void)
         /// The handler has had `.closed` and is let go.
         case done
     }
@@ -973,6 +985,8 @@ public final class Link: Sendable {
         var eventRoute = EventRoute.stream
         /// Events held until ``Link/handleEvents(_:)`` gives their handler.
         var heldEvents: [Event] = []
+        /// Events for the handler that its next batch takes.
+        var handlerBatch: [Event] = []
 
         /// Resumes and events, carried out once the lock is released (see ``Outbox``).
         var outbox = Outbox()

@@ -73,7 +73,7 @@ public final class PeerChannel: Sendable {
     }
 
     /// Whether message chunks handed to the links' events are also kept, in the order this
-    /// channel accepted them, for ``takeDelivered()``: the session's way. Each link of the pair
+    /// channel accepted them, for ``takeDelivered(upTo:)``: the session's way. Each link of the pair
     /// hands over what it read on a task of its own, so right after a link change the old
     /// link's last chunks and the new link's first ones reach the session on two tasks; taking
     /// them from here, one per event, keeps the order whichever event comes first.
@@ -91,7 +91,7 @@ public final class PeerChannel: Sendable {
         /// Bytes of the peer's messages the session's state machine holds in part (the sender
         /// may interleave the chunks of many messages), as it last said.
         var partialMessageBytes = 0
-        /// Message chunks accepted and not yet taken by ``PeerChannel/takeDelivered()``, oldest
+        /// Message chunks accepted and not yet taken by ``PeerChannel/takeDelivered(upTo:)``, oldest
         /// first (only when ``PeerChannel/keepsDeliveryOrder``).
         var delivered = FIFO<Frame>()
         /// Everything above: what holds the peer back past the limit.
@@ -329,10 +329,16 @@ public final class PeerChannel: Sendable {
     /// closed (code 11): what an honest peer flushes as its session ends.
     static let heldAllowance = 16 << 20
 
-    /// The oldest message chunk accepted and not taken yet (see ``keepsDeliveryOrder``): the
-    /// session takes one for each chunk event a link hands it, whichever link that is.
-    func takeDelivered() -> Frame? {
-        state.withLock { $0.delivered.removeFirst() }
+    /// The oldest message chunks accepted and not taken yet, up to `count` (see
+    /// ``keepsDeliveryOrder``): the session takes one for each chunk event a link hands it,
+    /// whichever link that is, a run of them under one turn of the lock.
+    func takeDelivered(upTo count: Int) -> [Frame] {
+        state.withLock { state in
+            var frames: [Frame] = []
+            frames.reserveCapacity(count)
+            while frames.count < count, let frame = state.delivered.removeFirst() { frames.append(frame) }
+            return frames
+        }
     }
 
     /// Over the limit of unconsumed message bytes: acknowledgements stop, so the peer stops

@@ -589,51 +589,67 @@ extension PeerSession {
 
     /// Takes the link's frames and its closure into the state machine as they arrive, on the
     /// thread that read them (the link's reader, through its outbox): no hand-over to another
-    /// task per frame. Returns once the link closed, or when the task is cancelled; a frame or
+    /// task per frame, and one turn of the session's lock for a run of message chunks (often
+    /// a whole read's). Returns once the link closed, or when the task is cancelled; a frame or
     /// closure that comes after that (or after the link was marked ended) is not taken.
     private func takeEvents(of link: Link, id: LinkID, from remote: PeerID) async {
         let closed = Latch()
         let channel = link.attachedChannel
-        link.handleEvents { event in
-            switch event {
-            case .frame(let frame):
-                if case .message = frame, let channel {
-                    // The chunk the channel accepted first goes through the state machine,
-                    // whichever link's event this is: right after a link change the old
-                    // link's last chunks and the new link's first ones arrive here on two
-                    // threads, and taking them in this event's stead would reorder messages.
-                    // Taken under the session's lock, so two threads take and apply in turn.
-                    // Then the chunk is held in part, or counted anew as a complete message
-                    // (or dropped). A chunk does not change which link carries a peer (a
-                    // limit it breaks closes a link, and that close is an input of its own):
-                    // the channels need no look.
-                    let processed = self.apply(linksMayChange: false) { core, now -> ([SessionAction], (chunk: Int, partial: Int)?) in
-                        guard core.links[id]?.ended != true else { return ([], nil) }
-                        guard let next = channel.takeDelivered(), case .message(_, _, let chunk) = next else { return ([], nil) }
-                        return (
-                            core.machine.frameReceived(next, on: id, from: remote, at: now),
-                            (chunk.count, core.machine.partialMessageBytes(from: remote))
-                        )
-                    }
-                    if let processed { channel.chunkProcessed(processed.chunk, partialMessageBytes: processed.partial) }
-                } else {
+        link.handleEvents { events in
+            var index = events.startIndex
+            while index < events.endIndex {
+                switch events[index] {
+                case .frame(.message) where channel != nil:
+                    // A run of chunks, taken under one turn of the lock.
+                    var end = index + 1
+                    while end < events.endIndex, case .frame(.message) = events[end] { end += 1 }
+                    self.takeChunks(end - index, from: channel!, on: id, remote: remote)
+                    index = end
+                    continue
+                case .frame(let frame):
                     self.apply { core, now in
                         guard core.links[id]?.ended != true else { return ([], ()) }
                         return (core.machine.frameReceived(frame, on: id, from: remote, at: now), ())
                     }
+                case .closed(let code, let reason, let byPeer):
+                    // After the handshake, only an admission check closes a link with code 7.
+                    if byPeer, code == .identityMismatch { self.refusedByPeer(remote, reason: reason) }
+                    let lost = link.closure?.lost ?? false
+                    self.apply { core, now in
+                        guard core.links[id]?.ended != true else { return ([], ()) }
+                        return (core.machine.linkClosed(id, code: code, reason: reason, lost: lost, at: now), ())
+                    }
+                    closed.fire()
                 }
-            case .closed(let code, let reason, let byPeer):
-                // After the handshake, only an admission check closes a link with code 7.
-                if byPeer, code == .identityMismatch { self.refusedByPeer(remote, reason: reason) }
-                let lost = link.closure?.lost ?? false
-                self.apply { core, now in
-                    guard core.links[id]?.ended != true else { return ([], ()) }
-                    return (core.machine.linkClosed(id, code: code, reason: reason, lost: lost, at: now), ())
-                }
-                closed.fire()
+                index += 1
             }
         }
         await closed.wait()
+    }
+
+    /// Takes `count` message chunks from the pair's channel into the state machine, under one
+    /// turn of the session's lock.
+    ///
+    /// The chunks the channel accepted first go through the state machine, whichever link's
+    /// events these are: right after a link change the old link's last chunks and the new
+    /// link's first ones arrive here on two threads, and taking them in these events' stead
+    /// would reorder messages. Taken under the session's lock, so two threads take and apply in
+    /// turn. Then each chunk is held in part, or counted anew as a complete message (or
+    /// dropped). A chunk does not change which link carries a peer (a limit it breaks closes a
+    /// link, and that close is an input of its own): the channels need no look.
+    private func takeChunks(_ count: Int, from channel: PeerChannel, on id: LinkID, remote: PeerID) {
+        let processed = apply(linksMayChange: false) { core, now -> ([SessionAction], (bytes: Int, partial: Int)?) in
+            guard core.links[id]?.ended != true else { return ([], nil) }
+            var actions: [SessionAction] = []
+            var bytes = 0
+            for next in channel.takeDelivered(upTo: count) {
+                guard case .message(_, _, let chunk) = next else { continue }
+                actions += core.machine.frameReceived(next, on: id, from: remote, at: now)
+                bytes += chunk.count
+            }
+            return (actions, (bytes, core.machine.partialMessageBytes(from: remote)))
+        }
+        if let processed { channel.chunkProcessed(processed.bytes, partialMessageBytes: processed.partial) }
     }
 
     /// A stream the peer opened: handed to the app when the peer is in the session (or on its
