@@ -273,13 +273,11 @@ public final class Link: Sendable {
             guard case .held = state.eventRoute else {
                 preconditionFailure("handleEvents(_:) needs holdEventsForHandler() first, and only once")
             }
-            let held = state.heldEvents
-            state.heldEvents = []
             // A handler that has had `.closed` is let go: it may hold the link's owner (and
             // the link), which would otherwise keep each other alive.
-            let closed = held.contains { if case .closed = $0 { true } else { false } }
+            let closed = state.handlerBatch.contains { if case .closed = $0 { true } else { false } }
             state.eventRoute = closed ? .done : .handler(handler)
-            if !held.isEmpty { state.outbox.add { handler(held) } }
+            if !state.handlerBatch.isEmpty { state.outbox.add { handler(self.takeHandlerBatch()) } }
         }
     }
 
@@ -295,7 +293,7 @@ public final class Link: Sendable {
     private func queueEvent(_ event: Event, in state: inout State) {
         switch state.eventRoute {
         case .stream: state.outbox.add { self.eventSink.yield(event) }
-        case .held: state.heldEvents.append(event)
+        case .held: state.handlerBatch.append(event)
         case .handler(let handler):
             // One hand-over per batch: the first event of a batch schedules it, and it takes
             // whatever has been queued by the time the outbox carries it out.
@@ -983,9 +981,8 @@ public final class Link: Sendable {
 
         /// Where frames and the closure go (see ``Link/handleEvents(_:)``).
         var eventRoute = EventRoute.stream
-        /// Events held until ``Link/handleEvents(_:)`` gives their handler.
-        var heldEvents: [Event] = []
-        /// Events for the handler that its next batch takes.
+        /// Events for the handler that its next batch takes (held until ``Link/handleEvents(_:)``
+        /// gives it).
         var handlerBatch: [Event] = []
 
         /// Resumes and events, carried out once the lock is released (see ``Outbox``).

@@ -631,18 +631,26 @@ extension SessionStateMachine {
         var quiet = Duration.seconds(Int64.max)
         guard isAutomatic else { return quiet }
         for (fingerprint, record) in peers {
-            guard record.found, !record.autoBlocked, !record.holdsPlace, record.pendingJoin == nil,
-                record.replacementDeadline == nil, !incoming.values.contains(where: { $0.peer == fingerprint }),
-                hasRoom(excluding: fingerprint)
-            else { continue }
-            var due = record.autoRetryAt ?? now
-            if fingerprint < localPeer.fingerprint {
-                guard let fallback = automaticFallbackDeadline(record) else { continue }
-                due = max(due, fallback)
-            }
-            quiet = min(quiet, due)
+            if let due = automaticInvitationDue(fingerprint, record) { quiet = min(quiet, due) }
         }
         return quiet
+    }
+
+    /// When automatic mode invites `record` (greater peers at once; smaller ones when they have
+    /// not come by themselves, after the fallback), or after its retry time; nil while its
+    /// state rules it out (not found, blocked, holding a place, joining, being replaced, in an
+    /// invitation, no room).
+    func automaticInvitationDue(_ fingerprint: Fingerprint, _ record: PeerRecord) -> Duration? {
+        guard record.found, !record.autoBlocked, !record.holdsPlace, record.pendingJoin == nil,
+            record.replacementDeadline == nil, !incoming.values.contains(where: { $0.peer == fingerprint }),
+            hasRoom(excluding: fingerprint)
+        else { return nil }
+        var due = record.autoRetryAt ?? .zero
+        if fingerprint < localPeer.fingerprint {
+            guard let fallback = automaticFallbackDeadline(record) else { return nil }
+            due = max(due, fallback)
+        }
+        return due
     }
 
     /// Run after every input: settles what waited for a place, makes automatic invitations,
@@ -682,14 +690,7 @@ extension SessionStateMachine {
             }
             if isAutomatic {
                 for fingerprint in sortedPeers() {
-                    guard let record = peers[fingerprint] else { continue }
-                    // greater peers at once; smaller ones when they have not come by themselves
-                    if fingerprint < localPeer.fingerprint {
-                        guard let fallback = automaticFallbackDeadline(record), now >= fallback else { continue }
-                    }
-                    guard record.found, !record.autoBlocked, !record.holdsPlace, record.pendingJoin == nil,
-                        record.replacementDeadline == nil, !incoming.values.contains(where: { $0.peer == fingerprint }),
-                        record.autoRetryAt.map({ now >= $0 }) ?? true, hasRoom(excluding: fingerprint)
+                    guard let record = peers[fingerprint], let due = automaticInvitationDue(fingerprint, record), now >= due
                     else { continue }
                     peers[fingerprint]!.autoRetryAt = nil
                     _ = startInvitation(to: fingerprint, context: [], timeout: policy.invitationTimeout, automatic: true)
