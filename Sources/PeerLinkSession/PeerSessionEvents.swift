@@ -84,6 +84,9 @@ package final class EventQueue<Element: Sendable>: Sendable {
 
     package init() {}
 
+    /// Whether the consumer waits for the next event (for tests that need it waiting).
+    package var consumerWaits: Bool { state.withLock { $0.waiter != nil } }
+
     /// Queues `element` for the consumer; false if nobody will take it (finished, or the
     /// consumer is gone).
     @discardableResult

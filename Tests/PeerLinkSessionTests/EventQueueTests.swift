@@ -23,7 +23,7 @@ struct EventQueueTests {
             return seen
         }
         // Some while the consumer waits, then the end: what is queued still comes first.
-        try? await Task.sleep(for: .milliseconds(20))
+        await Self.untilWaiting(queue)
         for value in 1001..<1100 { queue.yield(value) }
         queue.finish()
         #expect(!queue.yield(5000), "an event after the end is refused")
@@ -42,9 +42,9 @@ struct EventQueueTests {
             let second = await iterator.next()
             return (first, second)
         }
-        try? await Task.sleep(for: .milliseconds(20))
+        await Self.untilWaiting(queue)
         queue.yield("one")
-        try? await Task.sleep(for: .milliseconds(20))
+        await Self.untilWaiting(queue)
         queue.finish()
         let (first, second) = await consumer.value
         #expect(first == "one")
@@ -61,7 +61,7 @@ struct EventQueueTests {
             for await _ in events { count += 1 }
             return count
         }
-        try? await Task.sleep(for: .milliseconds(20))
+        await Self.untilWaiting(queue)
         waiting.cancel()
         #expect(await waiting.value == 0)
         #expect(!queue.yield(1), "nobody takes events once the consumer is gone")
@@ -84,5 +84,10 @@ struct EventQueueTests {
         let count = await busy.value
         #expect(count >= 1000)
         await producer.value
+    }
+
+    /// Returns once the queue's consumer waits for an event (the suite's time limit bounds it).
+    static func untilWaiting<Element>(_ queue: EventQueue<Element>) async {
+        while !queue.consumerWaits { await Task.yield() }
     }
 }
