@@ -28,20 +28,30 @@ scratch=()
 
 # lab_boot GUEST_CMD [RUN.SH OPTIONS...]: runs GUEST_CMD (sh -c, in this directory) in the VM;
 # the guest's set-up (btvirt, bluetoothd) can miss its deadlines under emulation on a busy
-# machine, so a set-up failure (exit 125) gets one more boot. Sets LAB_RC to the exit status.
+# machine, so a set-up failure (exit 125) gets one more boot. Sets LAB_RC to the exit status,
+# and LAB_KERNEL_FAULT to 1 when the guest kernel faulted in the boot that counted (run.sh has
+# printed its report; exit 123 when the command did not end after it), else 0.
 lab_boot() {
-    local cmd=$1
+    local cmd=$1 report
     shift
+    report=$(mktemp)
     LAB_RC=0
-    BTVM_TIME=1 "$HERE/btvm/run.sh" "$@" --timeout "${PEERLINK_LAB_TIMEOUT:-900}" -- "$cmd" || LAB_RC=$?
+    BTVM_FAULT_REPORT=$report BTVM_TIME=1 "$HERE/btvm/run.sh" "$@" --timeout "${PEERLINK_LAB_TIMEOUT:-900}" -- "$cmd" || LAB_RC=$?
     if [ "$LAB_RC" = 125 ]; then
         say "the VM's set-up failed (exit 125); booting it once more"
         LAB_RC=0
-        BTVM_TIME=1 "$HERE/btvm/run.sh" "$@" --timeout "${PEERLINK_LAB_TIMEOUT:-900}" -- "$cmd" || LAB_RC=$?
+        : > "$report"
+        BTVM_FAULT_REPORT=$report BTVM_TIME=1 "$HERE/btvm/run.sh" "$@" --timeout "${PEERLINK_LAB_TIMEOUT:-900}" -- "$cmd" || LAB_RC=$?
     fi
     if [ "$LAB_RC" = 125 ]; then
         say "the VM did not start: rerun with --console, or see Hardware/btvm/README.md"
     fi
+    LAB_KERNEL_FAULT=0
+    if [ -s "$report" ]; then
+        LAB_KERNEL_FAULT=1
+        say "the guest kernel faulted in this boot ($(grep -m1 -E 'BUG|Oops|corruption|fault|panic' "$report" | sed 's/^\[ *[0-9.]*\] //')): its report is above"
+    fi
+    rm -f "$report"
 }
 
 # lab_measure_boots N K: boots the VM N times with bluetoothd, K CPU-bound processes beside it,
