@@ -17,35 +17,48 @@ public struct EventSequence<Element: Sendable>: AsyncSequence, Sendable {
     }
 
     /// Takes what waits in the queue at once and hands it out one by one: one lock and at most
-    /// one wake-up for a run of events, not one per event.
+    /// one wake-up for a run of events, not one per event. Events taken from the queue but not
+    /// handed out yet go back to its front when the iterator goes (a consumer that leaves its
+    /// `for await` loop with `break` and iterates again later misses none).
     public struct AsyncIterator: AsyncIteratorProtocol {
         public typealias Failure = Never
 
-        let queue: EventQueue<Element>
         let taken: @Sendable (Element) -> Void
-        var batch: [Element] = []
-        var position = 0
+        let batch: Batch
 
         public mutating func next() async -> Element? {
             await next(isolation: nil)
         }
 
         public mutating func next(isolation actor: isolated (any Actor)?) async -> Element? {
-            if position == batch.count {
-                batch = []
-                position = 0
-                guard let more = await queue.take() else { return nil }
-                batch = more
+            if batch.position == batch.events.count {
+                batch.events = []
+                batch.position = 0
+                guard let more = await batch.queue.take() else { return nil }
+                batch.events = more
             }
-            let event = batch[position]
-            position += 1
+            let event = batch.events[batch.position]
+            batch.position += 1
             taken(event)
             return event
         }
     }
 
+    /// An iterator's run of events: its copies share it, and the last to go hands back the rest.
+    final class Batch {
+        let queue: EventQueue<Element>
+        var events: [Element] = []
+        var position = 0
+
+        init(queue: EventQueue<Element>) { self.queue = queue }
+
+        deinit {
+            if position < events.count { queue.putBack(events[position...]) }
+        }
+    }
+
     public func makeAsyncIterator() -> AsyncIterator {
-        AsyncIterator(queue: queue, taken: taken)
+        AsyncIterator(taken: taken, batch: Batch(queue: queue))
     }
 
     /// The events as they come, not counted as taken when iterated: for a layer that passes them
@@ -102,6 +115,21 @@ package final class EventQueue<Element: Sendable>: Sendable {
         }
         waiter?.resume(returning: [element])
         return accepted
+    }
+
+    /// Puts `events` (taken, not handed out: a consumer stopped iterating) back at the front,
+    /// for the consumer's next iteration; dropped if the consumer is gone (cancelled).
+    func putBack(_ events: ArraySlice<Element>) {
+        // Another iterator that waits already takes them at once.
+        let handOver = state.withLock { state -> (UnsafeContinuation<[Element]?, Never>, [Element])? in
+            guard !state.terminated else { return nil }
+            state.items.insert(contentsOf: events, at: 0)
+            guard let waiter = state.waiter else { return nil }
+            state.waiter = nil
+            defer { state.items = [] }
+            return (waiter, state.items)
+        }
+        if let (waiter, ready) = handOver { waiter.resume(returning: ready) }
     }
 
     /// No more events: the consumer takes what is queued, then its iteration ends.

@@ -86,6 +86,43 @@ struct EventQueueTests {
         await producer.value
     }
 
+    @Test("a consumer that leaves its loop and iterates again misses nothing, each event counted once")
+    func iteratingAgain() async {
+        let queue = EventQueue<Int>()
+        let counted = Locked<[Int]>([])
+        let events = EventSequence(queue: queue, taken: { value in counted.withLock { $0.append(value) } })
+        for value in 0..<10 { queue.yield(value) }
+        var seen: [Int] = []
+        // Leaves after 3 of the 10 taken in one batch: the other 7 go back to the queue.
+        for await value in events {
+            seen.append(value)
+            if value == 2 { break }
+        }
+        queue.yield(10)
+        for await value in events {
+            seen.append(value)
+            if value == 5 { break }
+        }
+        // An iterator that holds a batch when another consumer waits: what it did not hand out
+        // goes to that consumer as it goes.
+        let waiting: Task<Int?, Never>
+        do {
+            var holder = events.makeAsyncIterator()
+            seen.append(await holder.next() ?? -1)
+            waiting = Task {
+                var iterator = events.makeAsyncIterator()
+                return await iterator.next()
+            }
+            await Self.untilWaiting(queue)
+        }  // the holder goes here
+        #expect(await waiting.value == 7)
+        queue.yield(11)
+        queue.finish()
+        for await value in events { seen.append(value) }
+        #expect(seen == [0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11], "7 went to the waiting consumer")
+        #expect(counted.withLock { $0 }.sorted() == Array(0...11))
+    }
+
     /// Returns once the queue's consumer waits for an event (the suite's time limit bounds it).
     static func untilWaiting<Element>(_ queue: EventQueue<Element>) async {
         while !queue.consumerWaits { await Task.yield() }
