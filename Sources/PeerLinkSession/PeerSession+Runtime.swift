@@ -772,42 +772,29 @@ extension PeerSession {
             while true {
                 // Sequenced frames (message chunks) go to the peer's channel, which writes them
                 // on whatever link carries the peer and keeps them until acknowledged; the
-                // link's own frames (session control, datagrams) go to the link.
+                // link's own frames (session control, datagrams) go to the link. Up to 64 KiB
+                // of chunks in one go (one look-up of the peer, one lock of the channel, one
+                // wake-up of its link), ended by a frame of the link's own if one comes.
                 let taken = core.withLockThenDeliver { core -> Result<PeerChannel?, PeerLinkError>? in
-                    guard let frame = core.machine.nextFrame(for: id) else { return nil }
-                    if frame.type.isSequenced {
-                        guard let peer = core.links[id]?.established?.remote, let channel = core.channels[peer.fingerprint] else {
+                    var frames = core.machine.nextFrames(for: id, upTo: Self.takeLimit)
+                    guard let last = frames.last else { return nil }
+                    let own = last.type.isSequenced ? nil : frames.removeLast()
+                    var channel: PeerChannel?
+                    if !frames.isEmpty {
+                        guard let peer = core.links[id]?.established?.remote, let found = core.channels[peer.fingerprint] else {
                             return .failure(PeerLinkError(.notConnected, "the link has no channel"))
                         }
-                        // Up to 64 KiB of chunks in one go (one lock of the channel, one
-                        // wake-up of its link); a frame of the link's own met on the way goes
-                        // to the link, as it would one at a time (the link writes its own
-                        // frames ahead of the channel's anyway).
-                        var frames = [frame]
-                        var size = FrameScheduler.size(of: frame)
-                        while size < Self.takeLimit, let next = core.machine.nextFrame(for: id) {
-                            if next.type.isSequenced {
-                                frames.append(next)
-                                size += FrameScheduler.size(of: next)
-                                continue
-                            }
-                            size += FrameScheduler.size(of: next)
-                            do throws(PeerLinkError) {
-                                try link.enqueueLeavingDelivery(next)
-                            } catch {
-                                channel.enqueue(frames)
-                                return .failure(error)
-                            }
+                        found.enqueue(frames)
+                        channel = found
+                    }
+                    if let own {
+                        do throws(PeerLinkError) {
+                            try link.enqueueLeavingDelivery(own)
+                        } catch {
+                            return .failure(error)
                         }
-                        channel.enqueue(frames)
-                        return .success(channel)
                     }
-                    do throws(PeerLinkError) {
-                        try link.enqueueLeavingDelivery(frame)
-                    } catch {
-                        return .failure(error)
-                    }
-                    return .success(nil)
+                    return .success(channel)
                 }
                 // The link's writer is woken with no lock held.
                 link.deliverPending()

@@ -137,6 +137,39 @@ struct SessionMessageTests {
         #expect(net.received(1)[1].data == large)
     }
 
+    /// `nextFrames(for:upTo:)` gives what `nextFrame(for:)` gives one call at a time, in the
+    /// same order; a run ends at the size limit, at a frame of the link's own (a datagram), or
+    /// when nothing waits.
+    @Test func framesTakenInRunsAreTheFramesTakenOneByOne() throws {
+        var one = try Self.connectedPair(seed: 7)
+        var runs = try Self.connectedPair(seed: 7)
+        for index in 0..<300 {
+            let data = Self.bytes([64, 1, 1000, 20_000][index % 4], seed: index)
+            let reliable = index % 7 != 3 || data.count > 16384
+            try one.send(0, data, to: [1], reliable: reliable)
+            try runs.send(0, data, to: [1], reliable: reliable)
+        }
+        let (_, expected) = try Self.drain(&one, 0)
+        let link = try #require(runs.machine(0).allLinks.first)
+        var taken: [Frame] = []
+        var runCount = 0
+        while true {
+            let run = runs.nodes[0].machine.nextFrames(for: link, upTo: 8 * 1024)
+            guard let last = run.last else { break }
+            runCount += 1
+            let size = run.reduce(0) { $0 + FrameScheduler.size(of: $1) }
+            let sizeBeforeLast = size - FrameScheduler.size(of: last)
+            #expect(sizeBeforeLast < 8 * 1024, "a run goes on only while under the limit")
+            let ownBeforeLast = run.dropLast().contains { !$0.type.isSequenced }
+            #expect(!ownBeforeLast, "a frame of the link's own ends a run")
+            taken += run
+        }
+        #expect(taken == expected)
+        let hasDatagrams = expected.contains { !$0.type.isSequenced }
+        #expect(hasDatagrams && runCount < expected.count)
+        #expect(runs.nodes[0].machine.nextFrame(for: link) == nil)
+    }
+
     @Test func manySmallMessagesQueuedAtOnceLeaveInOrderOneFrameEach() throws {
         var net = try Self.connectedPair()
         let count = 20_000

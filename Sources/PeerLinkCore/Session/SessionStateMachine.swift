@@ -627,6 +627,32 @@ public struct SessionStateMachine: Sendable {
             var record = peers.removeValue(forKey: linkRecord.peer)
         else { return nil }
         defer { peers[linkRecord.peer] = record }
+        return nextFrame(from: &record, on: link)
+    }
+
+    /// The frames ``nextFrame(for:)`` would give one call at a time, in the same order, until
+    /// they come to `limit` bytes (``FrameScheduler/size(of:)``; the last one may pass it),
+    /// nothing waits, or one that is not sequenced (a frame of the link's own: session control,
+    /// a datagram) was taken, which ends the run: one look-up of the peer for a run of message
+    /// chunks instead of one each, and a link that fails to take its own frame loses only that
+    /// one (what was not taken stays for the peer's next link).
+    public mutating func nextFrames(for link: LinkID, upTo limit: Int) -> [Frame] {
+        guard let linkRecord = links[link], peers[linkRecord.peer]?.sendLink == link,
+            var record = peers.removeValue(forKey: linkRecord.peer)
+        else { return [] }
+        defer { peers[linkRecord.peer] = record }
+        var frames: [Frame] = []
+        var size = 0
+        while size < limit, let frame = nextFrame(from: &record, on: link) {
+            frames.append(frame)
+            size += FrameScheduler.size(of: frame)
+            if !frame.type.isSequenced { break }
+        }
+        return frames
+    }
+
+    /// ``nextFrame(for:)`` of the record of the peer `link` sends for, taken out of the table.
+    private mutating func nextFrame(from record: inout PeerRecord, on link: LinkID) -> Frame? {
         while let control = record.outbox.takeControl() {
             switch control {
             case .invite(let id):
