@@ -4,16 +4,24 @@ import Foundation
 /// A short printable name for a public key: the first 80 bits of its SHA-256, in lowercase
 /// RFC 4648 base32 (16 characters). This is what tools show and what DNS-SD and SDP records carry;
 /// the secure channel later proves the peer holds the key behind it.
+///
+/// Held as two integers, not as its text: sessions look peers up by fingerprint for every frame,
+/// and comparing, hashing or copying two integers costs a fraction of doing it to a 16-byte string
+/// (which lives on the heap). ``value`` spells it out when asked; the order (``<``) is the text's.
 public struct Fingerprint: Hashable, Sendable, Comparable, CustomStringConvertible, Codable {
     public static let length = 16
     static let alphabet = Array("abcdefghijklmnopqrstuvwxyz234567".utf8)
 
-    public let value: String
+    /// The 16 digits, each as its character's rank among the alphabet's characters in byte order
+    /// ("2"…"7" are 0…5, "a"…"z" 6…31), 5 bits each: digits 1–12 here, the first in the top bits…
+    private let leading: UInt64
+    /// …and digits 13–16 in the low 20 bits here. Comparing (leading, trailing) compares the text.
+    private let trailing: UInt32
 
     /// The fingerprint of a raw 32-byte Curve25519 public key.
     public init(publicKey: some DataProtocol) {
         let digest = Array(SHA256.hash(data: Array(publicKey)))
-        value = Self.base32(digest.prefix(10))
+        self.init(validText: Self.base32(digest.prefix(10)))
     }
 
     /// Parses a fingerprint as printed (16 base32 characters, case-insensitive; `-` and spaces,
@@ -23,12 +31,43 @@ public struct Fingerprint: Hashable, Sendable, Comparable, CustomStringConvertib
         guard cleaned.utf8.count == Self.length,
             cleaned.utf8.allSatisfy({ Self.alphabet.contains($0) })
         else { return nil }
-        value = cleaned
+        self.init(validText: Array(cleaned.utf8))
+    }
+
+    /// From 16 characters of the alphabet.
+    private init(validText: [UInt8]) {
+        var leading: UInt64 = 0
+        var trailing: UInt32 = 0
+        for (index, character) in validText.enumerated() {
+            let rank = character >= UInt8(ascii: "a") ? character - UInt8(ascii: "a") + 6 : character - UInt8(ascii: "2")
+            if index < 12 {
+                leading = leading << 5 | UInt64(rank)
+            } else {
+                trailing = trailing << 5 | UInt32(rank)
+            }
+        }
+        self.leading = leading
+        self.trailing = trailing
+    }
+
+    /// The 16 characters, as printed.
+    public var value: String {
+        String(unsafeUninitializedCapacity: Self.length) { buffer in
+            for index in 0..<Self.length {
+                let rank =
+                    index < 12
+                    ? UInt8(truncatingIfNeeded: leading >> (5 * UInt64(11 - index)) & 31)
+                    : UInt8(truncatingIfNeeded: trailing >> (5 * UInt32(15 - index)) & 31)
+                buffer[index] = rank < 6 ? UInt8(ascii: "2") + rank : UInt8(ascii: "a") + rank - 6
+            }
+            return Self.length
+        }
     }
 
     /// The fingerprint in groups of four for people to read aloud and compare: `abcd-efgh-ijkl-mnop`.
     public var grouped: String {
-        stride(from: 0, to: value.count, by: 4).map { offset in
+        let value = value
+        return stride(from: 0, to: value.count, by: 4).map { offset in
             let start = value.index(value.startIndex, offsetBy: offset)
             return String(value[start..<value.index(start, offsetBy: 4)])
         }.joined(separator: "-")
@@ -36,7 +75,9 @@ public struct Fingerprint: Hashable, Sendable, Comparable, CustomStringConvertib
 
     public var description: String { value }
 
-    public static func < (lhs: Fingerprint, rhs: Fingerprint) -> Bool { lhs.value < rhs.value }
+    public static func < (lhs: Fingerprint, rhs: Fingerprint) -> Bool {
+        (lhs.leading, lhs.trailing) < (rhs.leading, rhs.trailing)
+    }
 
     public init(from decoder: any Decoder) throws {
         let text = try decoder.singleValueContainer().decode(String.self)
@@ -51,7 +92,7 @@ public struct Fingerprint: Hashable, Sendable, Comparable, CustomStringConvertib
         try container.encode(value)
     }
 
-    private static func base32(_ bytes: some Collection<UInt8>) -> String {
+    private static func base32(_ bytes: some Collection<UInt8>) -> [UInt8] {
         var output: [UInt8] = []
         var buffer: UInt32 = 0
         var bits = 0
@@ -64,7 +105,7 @@ public struct Fingerprint: Hashable, Sendable, Comparable, CustomStringConvertib
             }
         }
         if bits > 0 { output.append(alphabet[Int((buffer << UInt32(5 - bits)) & 31)]) }
-        return String(decoding: output, as: UTF8.self)
+        return output
     }
 }
 

@@ -57,6 +57,32 @@ struct FingerprintTests {
         #expect(Fingerprint(publicKey: other) != Fingerprint(publicKey: KnownKeys.zeroToThirtyOne))
     }
 
+    /// Held as integers, a fingerprint still orders, compares and hashes as its text does (the
+    /// order decides ties between peers on both ends of a link, whatever build each runs).
+    @Test func ordersAndComparesAsItsText() {
+        var generator = SystemRandomNumberGenerator()
+        let characters = Array("abcdefghijklmnopqrstuvwxyz234567")
+        var texts = ["2222222222222222", "7777777777777777", "aaaaaaaaaaaaaaaa", "zzzzzzzzzzzzzzzz", "zzzzzzzzzzzz2222", "aaaaaaaaaaaa7777"]
+        for _ in 0..<300 {
+            // Many share a prefix, so later digits decide too.
+            let prefix = String((0..<Int.random(in: 0...15, using: &generator)).map { characters[$0 % 2] })
+            texts.append(prefix + String((prefix.count..<16).map { _ in characters.randomElement(using: &generator)! }))
+        }
+        let fingerprints = texts.map { Fingerprint($0)! }
+        for (fingerprint, text) in zip(fingerprints, texts) {
+            #expect(fingerprint.value == text)
+            #expect(fingerprint.description == text)
+        }
+        for (a, textA) in zip(fingerprints, texts) {
+            for (b, textB) in zip(fingerprints.prefix(40), texts.prefix(40)) {
+                #expect((a < b) == (textA < textB), "\(textA) < \(textB)")
+                #expect((a == b) == (textA == textB))
+                if a == b { #expect(a.hashValue == b.hashValue) }
+            }
+        }
+        #expect(Set(fingerprints).count == Set(texts).count)
+    }
+
     @Test func grouped() {
         let fingerprint = Fingerprint(publicKey: KnownKeys.zeroToThirtyOne)
         #expect(fingerprint.grouped == "mmg4-2klg-yqzw-neis")
