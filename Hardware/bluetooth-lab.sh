@@ -175,7 +175,7 @@ if [ ${#BLUETOOTHD[@]} -gt 0 ]; then
         # failure fails the lab.
         for attempt in 1 2; do
             if [ "$attempt" = 2 ]; then
-                if [ "$LAB_RC" = 123 ] || { [ "$LAB_RC" != 0 ] && [ "$LAB_KERNEL_FAULT" = 1 ]; }; then
+                if [ "$LAB_RC" != 0 ] && [ "$LAB_KERNEL_FAULT" = 1 ]; then
                     say "BluetoothFreshLabTests/$test failed in a boot whose kernel faulted: once more in a new boot"
                 elif [ "$LAB_RC" = 1 ]; then
                     say "BluetoothFreshLabTests/$test failed: once more in a new boot (btvirt is faithful only to a controller's first pairing)"
