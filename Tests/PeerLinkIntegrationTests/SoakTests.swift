@@ -361,8 +361,8 @@ struct SoakTests {
             // warm-up (the first 20 % of the run) in the first and last fifths that follow.
             // RSS may grow 10 % (plus 4 MiB in a run shorter than 5 minutes: a minute is short
             // and RSS moves in steps of allocator arenas); fds come back to within 4 of the first
-            // value at least once in the last fifth; threads grow by at most 4 (the runtime's pool may add a few, a leak adds one
-            // per event).
+            // value at least once in the last fifth; threads grow by at most 4 (the runtime's
+            // pool may add a few, a leak adds one per event).
             let rssSlackKiB = soakSeconds >= 300 ? 0.0 : 4096
             let warmUp = Double(soakSeconds) * 0.2
             let window = Double(soakSeconds) * 0.2
