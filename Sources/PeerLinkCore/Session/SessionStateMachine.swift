@@ -196,18 +196,31 @@ public struct SessionStateMachine: Sendable {
             consider(invitation.sentOn == nil ? invitation.deadline : invitation.deadline + policy.responseGrace)
         }
         for invitation in incoming.values { consider(invitation.deadline) }
-        for record in peers.values {
-            consider(record.replacementDeadline)
-            consider(record.joiningDeadline)
-            consider(record.announcedDeadline)
-            consider(record.pendingJoin?.deadline)
-            consider(idleDeadline(record))
-            if isAutomatic, let retry = record.autoRetryAt, retry > now { consider(retry) }
-            if isAutomatic, let fallback = automaticFallbackDeadline(record), fallback > now { consider(fallback) }
-            consider(record.reconnectDeadline)
-            consider(record.redialAt)
-            consider(upgradeDeadline(record))
+        // By index: a `for record in peers.values` loop copies every record out.
+        var index = peers.values.startIndex
+        while index != peers.values.endIndex {
+            consider(earliestDeadline(of: peers.values[index]))
+            peers.values.formIndex(after: &index)
         }
+        return earliest
+    }
+
+    /// The earliest of `record`'s deadlines that ``nextDeadline`` counts, or nil.
+    private func earliestDeadline(of record: PeerRecord) -> Duration? {
+        var earliest: Duration?
+        func consider(_ deadline: Duration?) {
+            if let deadline, earliest.map({ deadline < $0 }) ?? true { earliest = deadline }
+        }
+        consider(record.replacementDeadline)
+        consider(record.joiningDeadline)
+        consider(record.announcedDeadline)
+        consider(record.pendingJoin?.deadline)
+        consider(idleDeadline(record))
+        if isAutomatic, let retry = record.autoRetryAt, retry > now { consider(retry) }
+        if isAutomatic, let fallback = automaticFallbackDeadline(record), fallback > now { consider(fallback) }
+        consider(record.reconnectDeadline)
+        consider(record.redialAt)
+        consider(upgradeDeadline(record))
         return earliest
     }
 
@@ -333,7 +346,8 @@ public struct SessionStateMachine: Sendable {
             guard target.fingerprint != localPeer.fingerprint else {
                 throw PeerLinkError(.invalidParameter, "a peer cannot send a message to itself")
             }
-            guard peers[target.fingerprint]?.isMember == true else {
+            // by index: `peers[key]?.field` copies the whole record out first
+            guard let index = peers.index(forKey: target.fingerprint), peers.values[index].isMember else {
                 throw PeerLinkError(.notConnected, "\(target) is not connected; nothing was sent")
             }
             fingerprints.append(target.fingerprint)
@@ -555,48 +569,55 @@ public struct SessionStateMachine: Sendable {
         let fingerprint: Fingerprint
         if let record = links[link] {
             fingerprint = record.peer
-        } else if case .message = frame, let peer, peers[peer.fingerprint] != nil {
+        } else if case .message = frame, let peer, peers.index(forKey: peer.fingerprint) != nil {
             fingerprint = peer.fingerprint
         } else {
             return takeActions()
         }
         // Where a chunk that breaks a limit is answered: its link, or the peer's link now.
-        let culprit = links[link] != nil ? link : peers[fingerprint].flatMap { sendLink(for: $0) }
+        // Records are read through an index taken once: `peers[key]!.field` copies the whole
+        // record out first, and this runs for every frame.
+        func culprit() -> LinkID? {
+            if links[link] != nil { return link }
+            return peers.index(forKey: fingerprint).flatMap { sendLink(for: peers.values[$0]) }
+        }
         switch frame {
         case .control(let message):
             receive(message, from: fingerprint, on: link)
         case .message(let id, let flags, let chunk):
-            let before = peers[fingerprint]!.reassembly.bufferedBytes
-            let outcome = peers[fingerprint]!.reassembly.add(id: id, flags: flags, chunk: chunk)
-            let held = peers[fingerprint]!.reassembly.bufferedBytes
+            let index = peers.index(forKey: fingerprint)!
+            let before = peers.values[index].reassembly.bufferedBytes
+            let outcome = peers.values[index].reassembly.add(id: id, flags: flags, chunk: chunk)
+            let held = peers.values[index].reassembly.bufferedBytes
             bufferedMessageBytes += held - before
             switch outcome {
             case .incomplete:
-                if held > partialMessageLimits.perLink, let culprit {
+                if held > partialMessageLimits.perLink, let culprit = culprit() {
                     close(
                         culprit, code: .resourceLimit,
                         reason: "\(held) bytes of messages received in part from this peer, over the limit of \(partialMessageLimits.perLink)")
-                } else if bufferedMessageBytes > partialMessageLimits.perSession, let culprit {
+                } else if bufferedMessageBytes > partialMessageLimits.perSession, let culprit = culprit() {
                     close(
                         culprit, code: .resourceLimit,
                         reason: "\(bufferedMessageBytes) bytes of messages received in part in this session, over the limit of \(partialMessageLimits.perSession)")
                 }
             case .complete(let bytes):
-                if peers[fingerprint]!.isMember {
-                    emit(.event(.messageReceived(peers[fingerprint]!.id, bytes, reliable: true)))
+                if peers.values[index].isMember {
+                    emit(.event(.messageReceived(peers.values[index].id, bytes, reliable: true)))
                 } else {
                     ignoredMessages += 1
                 }
             case .tooLarge(let size):
-                guard let culprit else { break }
+                guard let culprit = culprit() else { break }
                 close(
                     culprit, code: .protocolError,
                     reason: "message \(id) is over \(size - chunk.count) bytes and growing; "
                         + "a message is at most \(WireFormat.maxMessageLength) bytes (16 MiB)")
             }
         case .datagram(let bytes):
-            if peers[fingerprint]!.isMember {
-                emit(.event(.messageReceived(peers[fingerprint]!.id, bytes, reliable: false)))
+            let index = peers.index(forKey: fingerprint)!
+            if peers.values[index].isMember {
+                emit(.event(.messageReceived(peers.values[index].id, bytes, reliable: false)))
             } else {
                 ignoredMessages += 1
             }
@@ -637,10 +658,14 @@ public struct SessionStateMachine: Sendable {
     /// chunks instead of one each, and a link that fails to take its own frame loses only that
     /// one (what was not taken stays for the peer's next link).
     public mutating func nextFrames(for link: LinkID, upTo limit: Int) -> [Frame] {
-        guard let linkRecord = links[link], peers[linkRecord.peer]?.sendLink == link,
-            var record = peers.removeValue(forKey: linkRecord.peer)
+        // One look-up; the record is swapped out of its place while it changes (see
+        // `nextFrame(for:)`) and back into it, which the table's layout does not notice.
+        guard let linkRecord = links[link], let index = peers.index(forKey: linkRecord.peer),
+            peers.values[index].sendLink == link
         else { return [] }
-        defer { peers[linkRecord.peer] = record }
+        var record = PeerRecord(id: peers.values[index].id)
+        swap(&record, &peers.values[index])
+        defer { swap(&record, &peers.values[index]) }
         var frames: [Frame] = []
         var size = 0
         while size < limit, let frame = nextFrame(from: &record, on: link) {
