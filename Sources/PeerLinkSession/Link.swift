@@ -338,6 +338,14 @@ public final class Link: Sendable {
         try await waitForRoom()
     }
 
+    /// Whether ``waitUntilWritable()`` would return at once: the queue is within its limit (or
+    /// the writer is done, when queuing fails anyway).
+    var hasRoom: Bool {
+        state.withLock { state in
+            state.queuedBytes + state.scheduler.queuedPriorityBytes <= maxQueuedBytes || state.writerDone
+        }
+    }
+
     /// Closes the link: a `GO_AWAY` with `code` and `reason` when established (nothing before),
     /// then the channel. Idempotent; ``run()`` returns soon after.
     ///

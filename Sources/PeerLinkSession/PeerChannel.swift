@@ -437,6 +437,12 @@ public final class PeerChannel: Sendable {
         }
     }
 
+    /// Whether the channel is open with no message waiting to be written: what is handed to
+    /// it now goes to its link's writer at once.
+    var isIdle: Bool {
+        state.withLock { state in state.closure == nil && state.scheduler.queuedPriorityBytes == 0 }
+    }
+
     /// Waits while more than ``maxQueuedBytes`` of messages wait to be written.
     func waitUntilWritable() async throws {
         // the usual case, on every message: room already

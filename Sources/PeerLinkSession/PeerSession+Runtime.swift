@@ -192,6 +192,8 @@ extension PeerSession {
     /// message sent), so the channels need no look.
     func carryOut(_ actions: [SessionAction], in core: inout SessionCore, linksMayChange: Bool = true) -> [Effect] {
         var effects: [Effect] = []
+        // links with frames announced whose write loop waits for them
+        var idleWriters: [LinkID] = []
         for action in actions {
             switch action {
             case .dial(let peer, let endpoints):
@@ -203,11 +205,11 @@ extension PeerSession {
                 let targets = core.failedEndpoints.ordered(all, at: time.now())
                 core.outbox.add { self.spawn { await self.dial(peer, endpoints: targets) } }
             case .framesReady(let id):
-                guard let entry = core.links[id] else { continue }
-                if entry.writerWaiter != nil {
-                    core.wakeWriter(id, returning: true)
+                guard let index = core.links.index(forKey: id) else { continue }
+                if core.links.values[index].writerWaiter != nil {
+                    idleWriters.append(id)
                 } else {
-                    core.links[id]?.framesPending = true
+                    core.links.values[index].framesPending = true
                 }
             case .closeLink(let id, let code, let reason):
                 guard let entry = core.links[id] else { continue }
@@ -231,8 +233,45 @@ extension PeerSession {
             }
         }
         if linksMayChange { syncChannels(&core) }
+        for id in idleWriters where !takeFramesForIdleWriter(id, in: &core) {
+            core.wakeWriter(id, returning: true)
+        }
         core.wakeTimerIfNeeded()
         return effects
+    }
+
+    /// Does for `link`, whose write loop waits for frames, what that loop would do on being
+    /// woken, here under the lock already held: takes the frames the state machine has for it
+    /// and hands them to the peer's channel (or the link's own frame to the link), with the
+    /// wake-ups after the lock. A message sent or an acknowledgement due then costs no hand-over
+    /// to the loop's task. True when that was all; false when the loop must be woken after all:
+    /// no room in the channel now (the loop waits for it), more frames than one take, a frame of
+    /// the link's own (the loop waits for the link's room after it), or anything unusual.
+    private func takeFramesForIdleWriter(_ id: LinkID, in core: inout SessionCore) -> Bool {
+        guard let index = core.links.index(forKey: id), let peer = core.links.values[index].established?.remote,
+            let channel = core.channels[peer.fingerprint], channel.isIdle
+        else { return false }
+        let link = core.links.values[index].link
+        guard link.hasRoom else { return false }
+        let frames = core.machine.nextFrames(for: id, upTo: Self.takeLimit)
+        guard let last = frames.last else { return true }
+        if !last.type.isSequenced {
+            // the run ends with the link's own frame; the loop takes what follows it
+            if frames.count > 1 {
+                channel.enqueue(Array(frames.dropLast()))
+                core.outbox.add { channel.deliverPending() }
+            }
+            do throws(PeerLinkError) {
+                try link.enqueueLeavingDelivery(last)
+            } catch {
+                return false
+            }
+            core.outbox.add { link.deliverPending() }
+            return false
+        }
+        channel.enqueue(frames)
+        core.outbox.add { channel.deliverPending() }
+        return frames.reduce(0) { $0 + FrameScheduler.size(of: $1) } < Self.takeLimit
     }
 
     func perform(_ effects: [Effect]) {
