@@ -11,8 +11,17 @@ public protocol LinkChannel: AnyObject, Sendable {
     func read() async throws -> [UInt8]
     /// Writes all of `bytes`; returns when the transport took them (back-pressure).
     func write(_ bytes: [UInt8]) async throws
+    /// Writes what the transport takes of `bytes` at once, without waiting, and returns how
+    /// many bytes that was (0: none now; ``write(_:)`` the rest, in order). Throws as
+    /// ``write(_:)`` does. Called only while no ``write(_:)`` runs. The default takes nothing,
+    /// so every write goes through ``write(_:)``.
+    func writeNow(_ bytes: [UInt8]) throws -> Int
     /// Closes both directions; a pending read returns or throws. Idempotent.
     func close()
+}
+
+extension LinkChannel {
+    public func writeNow(_ bytes: [UInt8]) throws -> Int { 0 }
 }
 
 /// A transport's dialer: turns an endpoint of its kinds into a ``LinkChannel``.

@@ -53,6 +53,25 @@ extension Descriptor {
     /// - Throws: a ``SystemError`` when the peer is gone (`EPIPE`, `ECONNRESET`; never a
     ///   `SIGPIPE`) or the socket was closed on this side, `CancellationError` when the task is
     ///   cancelled: then part of `bytes` may have been sent, so close the socket.
+    /// Sends what the kernel takes of `bytes` now, without waiting: how many bytes that was
+    /// (0 when the socket buffer is full).
+    package func sendNow(_ bytes: [UInt8]) throws(SystemError) -> Int {
+        guard !bytes.isEmpty else { return 0 }
+        return try withFD("send") { fd throws(SystemError) -> Int in
+            var failure: SystemError?
+            let sent = bytes.withUnsafeBytes { all -> Int in
+                do throws(SystemError) {
+                    return try Sys.send(fd, all) ?? 0
+                } catch {
+                    failure = error
+                    return 0
+                }
+            }
+            if let failure { throw failure }
+            return sent
+        }
+    }
+
     package func send(_ bytes: [UInt8], inPiecesOf piece: Int? = nil) async throws {
         let piece = max(1, piece ?? bytes.count)
         var offset = 0

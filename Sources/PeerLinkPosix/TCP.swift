@@ -184,6 +184,14 @@ public final class TCPConnection: Sendable {
         try await descriptor.send(bytes)
     }
 
+    /// Writes what the kernel takes of `bytes` now, without waiting: how many bytes that was
+    /// (0 when the socket buffer is full). Not while a ``write(_:)`` runs.
+    ///
+    /// - Throws: a ``SystemError`` as ``write(_:)`` does.
+    public func writeNow(_ bytes: [UInt8]) throws(SystemError) -> Int {
+        try descriptor.sendNow(bytes)
+    }
+
     /// Connects to `address`, giving up after `timeout`.
     ///
     /// - Throws: a ``SystemError`` (`ETIMEDOUT` after `timeout`), `CancellationError` when the

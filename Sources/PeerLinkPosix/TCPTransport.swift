@@ -38,6 +38,14 @@ public final class TCPLinkChannel: LinkChannel {
         }
     }
 
+    public func writeNow(_ bytes: [UInt8]) throws -> Int {
+        do {
+            return try connection.writeNow(bytes)
+        } catch {
+            throw TCPErrors.link(error, remote: remoteDescription)
+        }
+    }
+
     public func close() { connection.close() }
 }
 

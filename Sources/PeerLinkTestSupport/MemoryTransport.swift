@@ -245,6 +245,10 @@ public final class MemoryChannel: LinkChannel {
         try await connection.write(bytes, side: side, description: remoteDescription)
     }
 
+    public func writeNow(_ bytes: [UInt8]) throws -> Int {
+        try connection.writeNow(bytes, side: side, description: remoteDescription)
+    }
+
     public func close() { connection.close(side: side) }
 
     /// Cuts the connection like a pulled cable: from now on neither end hears anything, and
@@ -422,6 +426,25 @@ final class MemoryConnection: Sendable {
             }
             writer?.resume(throwing: CancellationError())
         }
+    }
+
+    /// What fits of `bytes` now, behind no waiting write: like a non-blocking socket.
+    func writeNow(_ bytes: [UInt8], side: Int, description: String) throws(PeerLinkError) -> Int {
+        let target = 1 - side
+        let taken = locked { state -> Result<Int, PeerLinkError> in
+            if state.closed[side] { return .failure(Self.closedHere(description)) }
+            if state.severed { return .success(bytes.count) }  // into the void
+            if state.directions[target].receiverClosed {
+                return .failure(PeerLinkError(.notConnected, "the peer at \(description) closed the link"))
+            }
+            guard state.directions[target].writers.isEmpty else { return .success(0) }
+            let count = min(bytes.count, max(0, capacity - state.directions[target].buffer.count))
+            guard count > 0 else { return .success(0) }
+            state.directions[target].buffer += bytes[..<count]
+            Self.pump(&state.directions[target], capacity: capacity, wakeups: &state.wakeups)
+            return .success(count)
+        }
+        return try taken.get()
     }
 
     func close(side: Int) {
