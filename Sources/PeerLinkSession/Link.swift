@@ -1045,15 +1045,15 @@ public final class Link: Sendable {
     /// ``writeNowQuiet``. Small records in quick succession go to the task, whose wake-up lets
     /// the next ones gather into one write (written where they were sent, a flood of 64 B
     /// messages went at a fifth of the rate: a system call for each).
-    static func writesNow(_ batch: [UInt8], lastWriteEnded: ContinuousClock.Instant?) -> Bool {
+    package static func writesNow(_ batch: [UInt8], lastWriteEnded: ContinuousClock.Instant?) -> Bool {
         guard batch.count < writeNowMinimum, let lastWriteEnded else { return true }
         return ContinuousClock.now - lastWriteEnded >= writeNowQuiet
     }
 
     /// A batch at least this large is always written where the writer was woken.
-    static let writeNowMinimum = WireFormat.maxFramePayload
+    package static let writeNowMinimum = WireFormat.maxFramePayload
     /// How long the link must have written nothing for a smaller batch to be written there.
-    static let writeNowQuiet = Duration.microseconds(100)
+    package static let writeNowQuiet = Duration.microseconds(100)
 
     /// A write of `count` bytes ended: the writer is idle, and waiters for room are woken
     /// when the queue is within its limit again.

@@ -37,6 +37,39 @@ struct MemoryLinkTests {
             dialerChannel: dialed, listenerChannel: accepted, dialerIdentity: ana, listenerIdentity: bo)
     }
 
+    @Test("a memory channel's writeNow takes what fits, nothing behind a waiting write, and fails once closed")
+    func memoryWriteNow() async throws {
+        let network = MemoryNetwork(bufferCapacity: 1000)
+        let listener = try network.listen(name: "bo")
+        defer { listener.close() }
+        let dialed = try #require(try await network.transport.dial(.memory(name: "bo"), timeout: .seconds(1)) as? MemoryChannel)
+        let accepted = try #require(try await listener.accept() as? MemoryChannel)
+        let bytes = (0..<1500).map { UInt8(truncatingIfNeeded: $0) }
+        #expect(try dialed.writeNow(bytes) == 1000)
+        #expect(try dialed.writeNow(bytes) == 0)
+        // a write that waits for room, then one that does not wait: in that order
+        let waiting = Task { try await dialed.write(Array(bytes[1000...])) }
+        var received = try await accepted.read()
+        #expect(received == Array(bytes[..<1000]))
+        try await waiting.value
+        #expect(try dialed.writeNow([9]) == 1)
+        received = try await accepted.read()
+        #expect(received == Array(bytes[1000...]) + [9])
+        dialed.close()
+        #expect(throws: PeerLinkError.self) { try dialed.writeNow([1]) }
+        accepted.close()
+    }
+
+    @Test("a batch is written where the writer was woken when it is large or the link wrote nothing for a while")
+    func writesNowRule() {
+        let small = [UInt8](repeating: 0, count: 100)
+        let large = [UInt8](repeating: 0, count: Link.writeNowMinimum)
+        #expect(Link.writesNow(small, lastWriteEnded: nil))
+        #expect(Link.writesNow(large, lastWriteEnded: .now))
+        #expect(!Link.writesNow(small, lastWriteEnded: .now))
+        #expect(Link.writesNow(small, lastWriteEnded: .now - Link.writeNowQuiet))
+    }
+
     @Test("two links establish, exchange messages both ways in order, and close with GO_AWAY 0")
     func establishExchangeClose() async throws {
         let log = TestLog()

@@ -292,4 +292,30 @@ struct TCPLinkTests {
         #expect(failure?.code == .notConnected)
         accepted.close()
     }
+
+    @Test("writeNow takes what the socket's buffer holds without waiting, 0 once it is full, and fails once closed; every byte arrives in order")
+    func writeNow() async throws {
+        let listener = try TCPTransportListener(host: Self.loopback)
+        defer { listener.close() }
+        async let acceptedChannel = listener.accept()
+        let dialed = try await Self.dial(listener.port)
+        let accepted = try await acceptedChannel
+        defer { accepted.close() }
+        let piece = (0..<65536).map { UInt8(truncatingIfNeeded: $0 * 7) }
+        // Filled without a reader: bounded at 1,000 pieces (64 MiB; loopback buffers hold a few).
+        var sent: [UInt8] = []
+        var full = false
+        for _ in 0..<1000 where !full {
+            let taken = try dialed.writeNow(piece)
+            sent += piece[..<taken]
+            full = taken == 0
+        }
+        #expect(full, "the socket's buffer never filled")
+        #expect(!sent.isEmpty)
+        var received: [UInt8] = []
+        while received.count < sent.count { received += try await accepted.read() }
+        #expect(received == sent)
+        dialed.close()
+        #expect(throws: PeerLinkError.self) { try dialed.writeNow(piece) }
+    }
 }
