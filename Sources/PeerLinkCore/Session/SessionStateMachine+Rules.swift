@@ -607,16 +607,26 @@ extension SessionStateMachine {
         // What `pump` would do for a peer whose links, invitations and joins are as the last
         // settle left them: announce frames queued for its send link.
         for fingerprint in involved.count > 1 ? involved.sorted() : involved {
-            guard let index = peers.index(forKey: fingerprint), let link = peers.values[index].sendLink,
-                !peers.values[index].signalled, !peers.values[index].outbox.isEmpty
+            // in place (see `inPlace`): this runs for every message
+            guard let index = peers.index(forKey: fingerprint),
+                let link = inPlace(index, { record -> LinkID? in
+                    guard let link = record.sendLink, !record.signalled, !record.outbox.isEmpty else { return nil }
+                    record.signalled = true
+                    return link
+                })
             else { continue }
-            peers.values[index].signalled = true
             emit(.framesReady(link))
         }
         // No state changes either; each peer with business had it until now.
+        let now = now
         var index = peers.values.startIndex
         while index != peers.values.endIndex {
-            if peers.values[index].isMember || hasBusiness(peers.values[index]) { peers.values[index].purposeAt = now }
+            let marked = inPlace(index) { record in
+                guard record.isMember else { return false }
+                record.purposeAt = now
+                return true
+            }
+            if !marked, hasBusiness(peers.values[index]) { peers.values[index].purposeAt = now }
             peers.values.formIndex(after: &index)
         }
     }

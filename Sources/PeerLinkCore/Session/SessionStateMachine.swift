@@ -93,6 +93,15 @@ public struct SessionStateMachine: Sendable {
 
     var now: Duration = .zero
     var peers: [Fingerprint: PeerRecord] = [:]
+
+    /// What `read` makes of the record at `index`, read where it lies. `peers.values[index]`
+    /// read as a value is a copy of the whole record (each array and table in it retained, then
+    /// released), which the paths taken for every frame cannot afford; an `inout` access is no
+    /// copy. `read` must not touch `self`: it runs inside an access to ``peers``.
+    @inline(__always)
+    mutating func inPlace<Result>(_ index: [Fingerprint: PeerRecord].Index, _ read: (inout PeerRecord) -> Result) -> Result {
+        read(&peers.values[index])
+    }
     var links: [LinkID: LinkRecord] = [:]
     var outgoing: [InvitationID: OutgoingInvitation] = [:]
     var incoming: [InvitationID: IncomingInvitation] = [:]
@@ -342,15 +351,18 @@ public struct SessionStateMachine: Sendable {
     public mutating func send(_ data: [UInt8], to targets: [PeerID], reliable: Bool = true) throws(PeerLinkError) -> [SessionAction] {
         guard !targets.isEmpty else { throw PeerLinkError(.invalidParameter, "a message needs at least one peer to go to") }
         var fingerprints: [Fingerprint] = []
+        // where their records are (the table does not change while the message is queued)
+        var indices: [[Fingerprint: PeerRecord].Index] = []
         for target in targets where !fingerprints.contains(target.fingerprint) {
             guard target.fingerprint != localPeer.fingerprint else {
                 throw PeerLinkError(.invalidParameter, "a peer cannot send a message to itself")
             }
-            // by index: `peers[key]?.field` copies the whole record out first
-            guard let index = peers.index(forKey: target.fingerprint), peers.values[index].isMember else {
+            // in place: `peers[key]?.field` copies the whole record out first
+            guard let index = peers.index(forKey: target.fingerprint), inPlace(index, { $0.isMember }) else {
                 throw PeerLinkError(.notConnected, "\(target) is not connected; nothing was sent")
             }
             fingerprints.append(target.fingerprint)
+            indices.append(index)
         }
         if reliable {
             guard data.count <= WireFormat.maxMessageLength else {
@@ -359,7 +371,7 @@ public struct SessionStateMachine: Sendable {
                     "a message is at most \(WireFormat.maxMessageLength) bytes (16 MiB); this one is \(data.count). "
                         + "Send a resource or a stream instead")
             }
-            for fingerprint in fingerprints { peers[fingerprint]!.outbox.enqueueMessage(data) }
+            for index in indices { inPlace(index) { $0.outbox.enqueueMessage(data) } }
         } else {
             guard data.count <= WireFormat.maxFramePayload else {
                 droppedDatagrams += 1
@@ -367,8 +379,9 @@ public struct SessionStateMachine: Sendable {
                     .invalidParameter,
                     "an unreliable message is at most \(WireFormat.maxFramePayload) bytes; this one (\(data.count)) was dropped")
             }
-            for fingerprint in fingerprints
-            where !peers[fingerprint]!.outbox.enqueueDatagram(data, limit: policy.maximumQueuedDatagrams) {
+            let limit = policy.maximumQueuedDatagrams
+            for (fingerprint, index) in zip(fingerprints, indices)
+            where !inPlace(index, { $0.outbox.enqueueDatagram(data, limit: limit) }) {
                 droppedDatagrams += 1
                 droppedDatagramsByPeer[fingerprint, default: 0] += 1
             }
@@ -586,9 +599,11 @@ public struct SessionStateMachine: Sendable {
             receive(message, from: fingerprint, on: link)
         case .message(let id, let flags, let chunk):
             let index = peers.index(forKey: fingerprint)!
-            let before = peers.values[index].reassembly.bufferedBytes
-            let outcome = peers.values[index].reassembly.add(id: id, flags: flags, chunk: chunk)
-            let held = peers.values[index].reassembly.bufferedBytes
+            let (before, outcome, held) = inPlace(index) { record in
+                let before = record.reassembly.bufferedBytes
+                let outcome = record.reassembly.add(id: id, flags: flags, chunk: chunk)
+                return (before, outcome, record.reassembly.bufferedBytes)
+            }
             bufferedMessageBytes += held - before
             switch outcome {
             case .incomplete:
@@ -602,8 +617,8 @@ public struct SessionStateMachine: Sendable {
                         reason: "\(bufferedMessageBytes) bytes of messages received in part in this session, over the limit of \(partialMessageLimits.perSession)")
                 }
             case .complete(let bytes):
-                if peers.values[index].isMember {
-                    emit(.event(.messageReceived(peers.values[index].id, bytes, reliable: true)))
+                if let member = inPlace(index, { $0.isMember ? $0.id : nil }) {
+                    emit(.event(.messageReceived(member, bytes, reliable: true)))
                 } else {
                     ignoredMessages += 1
                 }
@@ -616,8 +631,8 @@ public struct SessionStateMachine: Sendable {
             }
         case .datagram(let bytes):
             let index = peers.index(forKey: fingerprint)!
-            if peers.values[index].isMember {
-                emit(.event(.messageReceived(peers.values[index].id, bytes, reliable: false)))
+            if let member = inPlace(index, { $0.isMember ? $0.id : nil }) {
+                emit(.event(.messageReceived(member, bytes, reliable: false)))
             } else {
                 ignoredMessages += 1
             }
@@ -661,9 +676,9 @@ public struct SessionStateMachine: Sendable {
         // One look-up; the record is swapped out of its place while it changes (see
         // `nextFrame(for:)`) and back into it, which the table's layout does not notice.
         guard let linkRecord = links[link], let index = peers.index(forKey: linkRecord.peer),
-            peers.values[index].sendLink == link
+            inPlace(index, { $0.sendLink == link })
         else { return [] }
-        var record = PeerRecord(id: peers.values[index].id)
+        var record = PeerRecord(id: inPlace(index) { $0.id })
         swap(&record, &peers.values[index])
         defer { swap(&record, &peers.values[index]) }
         var frames: [Frame] = []
