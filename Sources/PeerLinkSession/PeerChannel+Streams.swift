@@ -1,4 +1,4 @@
-import PeerLinkCore
+@_spi(Runtime) import PeerLinkCore
 
 // The streams of a pair of peers: the StreamTable's accounting under the channel's lock, the
 // bytes that arrived and were not read yet, and the tasks waiting for credit, room, bytes or an

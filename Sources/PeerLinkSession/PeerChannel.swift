@@ -1,5 +1,5 @@
 import Logging
-import PeerLinkCore
+@_spi(Runtime) import PeerLinkCore
 
 /// Everything between the local peer and one remote peer that outlives a link: the sequenced
 /// frames (reliable message chunks, stream data and credit) waiting to go out, their

@@ -1,5 +1,5 @@
 import Crypto
-import PeerLinkCore
+@_spi(Runtime) import PeerLinkCore
 import Testing
 
 /// A pair of peers sending reliable messages, stream bytes and a file both ways over links that
