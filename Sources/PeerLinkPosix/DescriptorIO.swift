@@ -47,14 +47,10 @@ extension Descriptor {
         }
     }
 
-    /// Writes all of `bytes`, in sends of at most `piece` bytes (a `SOCK_SEQPACKET` socket: one
-    /// packet each; nil: any size); returns once the kernel took the last of them.
-    ///
-    /// - Throws: a ``SystemError`` when the peer is gone (`EPIPE`, `ECONNRESET`; never a
-    ///   `SIGPIPE`) or the socket was closed on this side, `CancellationError` when the task is
-    ///   cancelled: then part of `bytes` may have been sent, so close the socket.
     /// Sends what the kernel takes of `bytes` now, without waiting: how many bytes that was
     /// (0 when the socket buffer is full).
+    ///
+    /// - Throws: a ``SystemError`` as ``send(_:inPiecesOf:)`` does (never a `SIGPIPE`).
     package func sendNow(_ bytes: [UInt8]) throws(SystemError) -> Int {
         guard !bytes.isEmpty else { return 0 }
         return try withFD("send") { fd throws(SystemError) -> Int in
@@ -72,6 +68,12 @@ extension Descriptor {
         }
     }
 
+    /// Writes all of `bytes`, in sends of at most `piece` bytes (a `SOCK_SEQPACKET` socket: one
+    /// packet each; nil: any size); returns once the kernel took the last of them.
+    ///
+    /// - Throws: a ``SystemError`` when the peer is gone (`EPIPE`, `ECONNRESET`; never a
+    ///   `SIGPIPE`) or the socket was closed on this side, `CancellationError` when the task is
+    ///   cancelled: then part of `bytes` may have been sent, so close the socket.
     package func send(_ bytes: [UInt8], inPiecesOf piece: Int? = nil) async throws {
         let piece = max(1, piece ?? bytes.count)
         var offset = 0
