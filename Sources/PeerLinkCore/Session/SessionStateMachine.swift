@@ -93,15 +93,6 @@ public struct SessionStateMachine: Sendable {
 
     var now: Duration = .zero
     var peers: [Fingerprint: PeerRecord] = [:]
-
-    /// What `read` makes of the record at `index`, read where it lies. `peers.values[index]`
-    /// read as a value is a copy of the whole record (each array and table in it retained, then
-    /// released), which the paths taken for every frame cannot afford; an `inout` access is no
-    /// copy. `read` must not touch `self`: it runs inside an access to ``peers``.
-    @inline(__always)
-    mutating func inPlace<Result>(_ index: [Fingerprint: PeerRecord].Index, _ read: (inout PeerRecord) -> Result) -> Result {
-        read(&peers.values[index])
-    }
     var links: [LinkID: LinkRecord] = [:]
     var outgoing: [InvitationID: OutgoingInvitation] = [:]
     var incoming: [InvitationID: IncomingInvitation] = [:]
@@ -118,6 +109,15 @@ public struct SessionStateMachine: Sendable {
     /// Every input settles in full, messages too (no fast path): for tests that check the
     /// fast path changes nothing.
     package var settlesEveryInputFully = false
+
+    /// What `read` makes of the record at `index`, read where it lies. `peers.values[index]`
+    /// read as a value is a copy of the whole record (each array and table in it retained, then
+    /// released), which the paths taken for every frame cannot afford; an `inout` access is no
+    /// copy. `read` must not touch `self`: it runs inside an access to ``peers``.
+    @inline(__always)
+    mutating func inPlace<Result>(_ index: [Fingerprint: PeerRecord].Index, _ read: (inout PeerRecord) -> Result) -> Result {
+        read(&peers.values[index])
+    }
 
     /// - Parameters:
     ///   - localPeer: who the local peer is (its fingerprint decides every tie-break).
@@ -206,7 +206,7 @@ public struct SessionStateMachine: Sendable {
         }
         for invitation in incoming.values { consider(invitation.deadline) }
         // Each record is still copied out to be read (a getter cannot read it in place; see
-        // `inPlace`): about 1 % of a run of small messages, which the session pays after each.
+        // `inPlace`): about 1 % of a run of small messages, as the session asks after every input.
         var index = peers.values.startIndex
         while index != peers.values.endIndex {
             consider(earliestDeadline(of: peers.values[index]))
