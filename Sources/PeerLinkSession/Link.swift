@@ -834,7 +834,16 @@ public final class Link: Sendable {
     /// Attaches the peer's channel: sequenced frames are written for it (when it makes this link
     /// the active one) and those that arrive go to it, starting with those that came before.
     public func attach(_ channel: PeerChannel) {
-        let logs = state.withLockThenDeliver { state -> [LogEntry] in
+        attachLeavingDelivery(channel)
+        deliverPending()
+    }
+
+    /// ``attach(_:)`` for a caller holding a lock of its own (a session admitting the link):
+    /// what attaching hands on (frames that came early go to the channel, whose deliveries can
+    /// reach the session) waits for ``deliverPending()``, to be called once that lock is
+    /// released. Delivered at once, it re-entered the session's lock on the same thread.
+    func attachLeavingDelivery(_ channel: PeerChannel) {
+        let logs = state.withLock { state -> [LogEntry] in
             guard state.channel == nil, state.closure == nil else { return [] }
             state.channel = channel
             channel.attach(self)

@@ -741,7 +741,10 @@ extension PeerSession {
                     maxUnconsumedMessageBytes: configuration.limits.maximumQueuedMessageBytesPerPeer, clock: time, logger: logger,
                     keepsDeliveryOrder: true, streamOpened: { [weak self] stream in self?.acceptStream(stream) })
             core.channels[peer.fingerprint] = channel
-            link.attach(channel)
+            // what attaching hands on is delivered once the session's lock is released: it can
+            // come back to the session (frames that arrived early, taken by the channel)
+            link.attachLeavingDelivery(channel)
+            core.outbox.add { link.deliverPending() }
             return (carryOut(actions, in: &core), true)
         }
         perform(effects)
