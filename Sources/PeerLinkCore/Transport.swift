@@ -9,6 +9,12 @@ public protocol LinkChannel: AnyObject, Sendable {
     /// The next bytes that arrived; an empty array at the end of the stream. Throws when the
     /// channel failed (reset, closed locally).
     func read() async throws -> [UInt8]
+    /// Reads the next bytes into the front of `buffer` and returns how many arrived (0 at the
+    /// end of the stream); throws as ``read()`` does. The channel may replace or grow `buffer`.
+    /// A reader that passes the same buffer every time and keeps no other reference to it lets
+    /// a channel that reads in place reuse its storage instead of allocating for every read. The
+    /// default hands over the array ``read()`` returns.
+    func read(into buffer: inout [UInt8]) async throws -> Int
     /// Writes all of `bytes`; returns when the transport took them (back-pressure).
     func write(_ bytes: [UInt8]) async throws
     /// Writes what the transport takes of `bytes` at once, without waiting, and returns how
@@ -21,6 +27,11 @@ public protocol LinkChannel: AnyObject, Sendable {
 }
 
 extension LinkChannel {
+    public func read(into buffer: inout [UInt8]) async throws -> Int {
+        buffer = try await read()
+        return buffer.count
+    }
+
     public func writeNow(_ bytes: [UInt8]) throws -> Int { 0 }
 }
 

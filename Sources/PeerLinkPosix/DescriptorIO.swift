@@ -47,6 +47,43 @@ extension Descriptor {
         }
     }
 
+    /// The next bytes that arrived, at most `maxCount`, received into the front of `bytes`
+    /// (grown to `maxCount` bytes first if it is shorter): how many (0 at the end of the
+    /// stream). A caller that keeps no other reference to `bytes` has its storage reused: no
+    /// allocation per read.
+    ///
+    /// - Throws: as ``receive(maxCount:)`` does.
+    package func receive(into bytes: inout [UInt8], maxCount: Int) async throws -> Int {
+        let count = max(1, maxCount)
+        if bytes.count < count {
+            // Not zeroed: only what the kernel writes is ever read, and a link that receives
+            // little touches (makes resident) only the first pages of it.
+            bytes = [UInt8](unsafeUninitializedCapacity: count) { _, initialized in initialized = count }
+        }
+        while true {
+            try Task.checkCancellation()
+            let fd = try acquire("recv")
+            defer { release() }
+            var failure: SystemError?
+            let received = bytes.withUnsafeMutableBytes { raw -> Int? in
+                do throws(SystemError) {
+                    return try Sys.receive(fd, UnsafeMutableRawBufferPointer(rebasing: raw[..<count]))
+                } catch {
+                    failure = error
+                    return 0
+                }
+            }
+            if let failure { throw failure }
+            if let received {
+                // A shutdown by close() on this side reads as the end of the stream.
+                if received == 0, isClosed { throw SystemError("recv", errno: EBADF) }
+                return received
+            }
+            // Nothing yet: park on the I/O thread until the socket is readable (or shut down).
+            try await Readiness.shared.wait(for: fd, events: Int16(POLLIN))
+        }
+    }
+
     /// Sends what the kernel takes of `bytes` now, without waiting: how many bytes that was
     /// (0 when the socket buffer is full).
     ///

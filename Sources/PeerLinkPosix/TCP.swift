@@ -175,6 +175,13 @@ public final class TCPConnection: Sendable {
         try await descriptor.receive(maxCount: maxCount)
     }
 
+    /// The next bytes that arrived, read into the front of `buffer` (made `maxCount` bytes long
+    /// if it is shorter; its storage reused when nothing else refers to it): how many (0 at the
+    /// end of the stream). Throws as ``read(maxCount:)`` does.
+    public func read(into buffer: inout [UInt8], maxCount: Int = 65536) async throws -> Int {
+        try await descriptor.receive(into: &buffer, maxCount: maxCount)
+    }
+
     /// Writes all of `bytes`; returns once the kernel took the last of them.
     ///
     /// - Throws: a ``SystemError`` when the peer is gone (`EPIPE`, `ECONNRESET`; never a

@@ -30,6 +30,14 @@ public final class TCPLinkChannel: LinkChannel {
         }
     }
 
+    public func read(into buffer: inout [UInt8]) async throws -> Int {
+        do {
+            return try await connection.read(into: &buffer)
+        } catch {
+            throw TCPErrors.link(error, remote: remoteDescription)
+        }
+    }
+
     public func write(_ bytes: [UInt8]) async throws {
         do {
             try await connection.write(bytes)

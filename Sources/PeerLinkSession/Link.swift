@@ -401,15 +401,20 @@ public final class Link: Sendable {
     /// Feeds the state machine what arrives, until the end of the stream or a failure. After
     /// the link closed, it keeps reading (the machine discards) until the channel ends.
     private func readLoop() async {
+        // One buffer for every read: the machine reads what arrived where it lies and keeps a
+        // copy of only an incomplete item, so nothing refers to the buffer between reads and
+        // a channel that reads in place (TCP) reuses it.
+        var buffer: [UInt8] = []
         while true {
             await waitForEarlyRoom()
-            let bytes: [UInt8]
+            let count: Int
             do {
-                bytes = try await channel.read()
+                count = try await channel.read(into: &buffer)
             } catch {
                 channelFailed(error)
                 break
             }
+            let bytes = buffer[..<count]
             if bytes.isEmpty {
                 let logs = state.withLockThenDeliver { state in
                     apply(state.machine.receiveEnd(at: clock.now()), to: &state, from: .endOfStream)

@@ -604,6 +604,37 @@ struct WireLinkHostileTests {
         #expect(listener.tick(at: .seconds(10)).closure?.code == .handshakeFailed)
     }
 
+    /// A reader reuses one buffer for every read (`LinkChannel.read(into:)`): the machine reads
+    /// whole records where they lie in it and copies only the start of an incomplete one, so it
+    /// keeps no reference to the buffer and the reader's next read writes into the same
+    /// storage. Every read below holds whole records and the start of the next.
+    @Test(arguments: [EncryptionPreference.none, .required])
+    func readBufferIsNotHeldBetweenReads(_ encryption: EncryptionPreference) throws {
+        var pair = Self.establishedPair(encryption)
+        var frames: [(frame: Frame, sequence: UInt64?)] = []
+        for index in 0..<40 {
+            let size = index % 3 == 0 ? WireFormat.maxFramePayload : 200 + index
+            frames.append((.message(id: UInt32(index + 1), flags: [], chunk: [UInt8](repeating: UInt8(index), count: size)), UInt64(index + 1)))
+        }
+        var wire: [UInt8] = []
+        for frame in frames { wire += try pair.dialer.send([frame], at: .zero).sentBytes }
+        var buffer = [UInt8](repeating: 0, count: 50_000)
+        let address = buffer.withUnsafeBufferPointer { $0.baseAddress }
+        var received: [LinkOutput] = []
+        var offset = 0
+        while offset < wire.count {
+            let count = min(buffer.count, wire.count - offset)
+            buffer.replaceSubrange(0..<count, with: wire[offset..<offset + count])
+            received += pair.listener.receive(buffer[..<count], at: .zero).events
+            offset += count
+            // Scribbled over as the next read would: still the same storage (nothing shared it).
+            buffer.withUnsafeMutableBufferPointer { $0.update(repeating: 0xEE) }
+            #expect(buffer.withUnsafeBufferPointer { $0.baseAddress } == address)
+        }
+        #expect(received == frames.map { .sequenced($0.frame, sequence: $0.sequence!) })
+        #expect(pair.listener.bufferedByteCount == 0)
+    }
+
     @Test func bytesAfterGoAwayAreIgnored() throws {
         var pair = Self.establishedPair(.none)
         let goAway = try FrameDecoder.record(.goAway(code: .normal, reason: "bye"))

@@ -41,16 +41,42 @@ struct WireReplayTests {
         return results
     }
 
-    @Test func recordsOfEveryFrameType() throws {
-        let (bytes, frames) = try Self.validStream()
+    /// The bodies of the records ``records(_:)`` makes of `frames`.
+    static func recordBodies(_ frames: [Frame]) throws -> [Result<[UInt8], WireError>] {
         var next: UInt64 = 0
-        let expected = try frames.map { frame in
-            guard frame.type.isSequenced else { return Result<[UInt8], WireError>.success(try frame.encoded()) }
+        return try frames.map { frame in
+            guard frame.type.isSequenced else { return .success(try frame.encoded()) }
             next += 1
             return .success(try frame.encoded(sequence: next))
         }
+    }
+
+    @Test func recordsOfEveryFrameType() throws {
+        let (bytes, frames) = try Self.validStream()
+        let expected = try Self.recordBodies(frames)
         for replay in Splits.replays(of: bytes) {
             #expect(Self.decodeRecords(replay.pieces) == expected, "\(replay.name)")
+        }
+    }
+
+    /// Decoding from one buffer reused for every piece (as a reader's buffer is): the same
+    /// records, and the buffer is not shared once `decode` returned.
+    @Test func reusedInputBufferIsNotHeld() throws {
+        let (bytes, frames) = try Self.validStream()
+        let expected = try Self.recordBodies(frames)
+        for replay in Splits.replays(of: bytes) {
+            var decoder = RecordDecoder()
+            var buffer = [UInt8](repeating: 0, count: bytes.count)
+            let address = buffer.withUnsafeBufferPointer { $0.baseAddress }
+            var results: [Result<[UInt8], WireError>] = []
+            for piece in replay.pieces {
+                buffer.replaceSubrange(0..<piece.count, with: piece)
+                results += decoder.decode(buffer[..<piece.count])
+                buffer.withUnsafeMutableBufferPointer { $0.update(repeating: 0xEE) }
+                #expect(buffer.withUnsafeBufferPointer { $0.baseAddress } == address, "\(replay.name)")
+            }
+            #expect(decoder.finish() == nil)
+            #expect(results == expected, "\(replay.name)")
         }
     }
 

@@ -185,6 +185,9 @@ public struct LinkStateMachine: Sendable {
             }
             input = buffer.fill(from: input)
         }
+        // Items were read where they lay in `bytes`; the start of one not yet complete is
+        // copied, so the caller may reuse the storage of `bytes`.
+        buffer.keepRest()
         return flush()
     }
 

@@ -32,22 +32,37 @@ public enum Record {
 
 /// A byte queue for input that arrives in pieces: append at the back, consume from the front,
 /// never more than `capacity` bytes held.
+///
+/// Input that arrives while the queue is empty is not copied: the queue reads it where it lies
+/// (``fill(from:)`` lends it), and only what is left of it when the caller is done with the input
+/// (the start of an item not yet complete) is copied into the queue's own storage by
+/// ``keepRest()``. So a read that holds whole records costs no copy, and the caller's read
+/// buffer is free to be reused once `keepRest()` returned.
 struct InputBuffer: Sendable {
     let capacity: Int
+    /// The queue's own bytes, from `start`; reused (its capacity kept) as it empties.
     private var storage: [UInt8] = []
     private var start = 0
+    /// Input read where it lies, while `storage` holds nothing.
+    private var lent: ArraySlice<UInt8> = []
 
     init(capacity: Int) {
         self.capacity = capacity
     }
 
-    var count: Int { storage.count - start }
+    var count: Int { storage.count - start + lent.count }
     var room: Int { capacity - count }
-    var readable: ArraySlice<UInt8> { storage[start...] }
+    var readable: ArraySlice<UInt8> { lent.isEmpty ? storage[start...] : lent }
 
-    /// Appends as many of `bytes` as fit and returns the rest.
+    /// Takes as many of `bytes` as fit and returns the rest: lent when the queue is empty,
+    /// appended to its storage otherwise.
     mutating func fill(from bytes: ArraySlice<UInt8>) -> ArraySlice<UInt8> {
         let taken = min(room, bytes.count)
+        if count == 0 {
+            lent = taken > 0 ? bytes.prefix(taken) : []
+            return bytes.dropFirst(taken)
+        }
+        keepRest()
         if start > 0, start >= storage.count / 2 {
             storage.removeFirst(start)
             start = 0
@@ -57,16 +72,34 @@ struct InputBuffer: Sendable {
     }
 
     mutating func consume(_ count: Int) {
-        start = min(start + max(count, 0), storage.count)
+        let count = max(count, 0)
+        if !lent.isEmpty {
+            // An empty slice would still hold on to the caller's buffer.
+            lent = count < lent.count ? lent.dropFirst(count) : []
+            return
+        }
+        start = min(start + count, storage.count)
         if start == storage.count {
             storage.removeAll(keepingCapacity: storage.capacity <= 2 * capacity)
             start = 0
         }
     }
 
+    /// Copies what is left of lent input into the queue's own storage, so that the queue no
+    /// longer refers to the caller's bytes. Call before the input's buffer is reused.
+    mutating func keepRest() {
+        guard !lent.isEmpty else { return }
+        // Lending happens only while the storage is empty.
+        storage.removeAll(keepingCapacity: storage.capacity <= 2 * capacity)
+        start = 0
+        storage += lent
+        lent = []
+    }
+
     mutating func removeAll() {
         storage = []
         start = 0
+        lent = []
     }
 }
 
@@ -116,7 +149,10 @@ public struct RecordDecoder: Sendable {
                 results.append(.failure(error))
                 return results
             }
-            if input.isEmpty { return results }
+            if input.isEmpty {
+                buffer.keepRest()
+                return results
+            }
             input = buffer.fill(from: input)
         }
     }
