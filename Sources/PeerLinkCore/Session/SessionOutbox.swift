@@ -107,30 +107,60 @@ struct PeerOutbox: Sendable {
 
 /// Reassembles the reliable messages arriving on one link, per message id; chunks of different
 /// messages may interleave.
-struct MessageReassembly: Sendable {
-    private var partial: [UInt32: [UInt8]] = [:]
-    /// Bytes held in ``partial``.
-    private(set) var bufferedBytes = 0
+///
+/// A message of one chunk is that chunk, not a copy. A longer one is kept as its chunks (runs of
+/// small chunks merged until they fill a frame, so a peer sending tiny chunks costs no more than
+/// their bytes) and joined once, into a buffer of the message's size, when its last chunk
+/// arrives: not grown and copied again as it arrives.
+package struct MessageReassembly: Sendable {
+    private struct Partial {
+        var pieces: [[UInt8]] = []
+        var count = 0
+    }
 
-    enum Outcome {
+    private var partial: [UInt32: Partial] = [:]
+    /// Bytes held in ``partial``.
+    package private(set) var bufferedBytes = 0
+
+    package init() {}
+
+    /// How many buffers hold the messages received in part (for tests of what they cost).
+    package var bufferCount: Int { partial.values.reduce(0) { $0 + $1.pieces.count } }
+
+    package enum Outcome: Equatable {
         case incomplete
         case complete([UInt8])
         /// Over ``WireFormat/maxMessageLength``: a protocol error.
         case tooLarge(Int)
     }
 
-    mutating func add(id: UInt32, flags: FrameFlags, chunk: [UInt8]) -> Outcome {
-        var bytes = partial.removeValue(forKey: id) ?? []
-        bufferedBytes -= bytes.count
-        guard bytes.count + chunk.count <= WireFormat.maxMessageLength else {
-            return .tooLarge(bytes.count + chunk.count)
-        }
-        bytes += chunk
-        if flags.contains(.more) {
-            bufferedBytes += bytes.count
-            partial[id] = bytes
+    package mutating func add(id: UInt32, flags: FrameFlags, chunk: [UInt8]) -> Outcome {
+        guard var message = partial.removeValue(forKey: id) else {
+            // The first chunk: a whole message when no more follow (a chunk is never over the
+            // limit: a frame is far shorter).
+            guard flags.contains(.more) else { return .complete(chunk) }
+            bufferedBytes += chunk.count
+            partial[id] = Partial(pieces: [chunk], count: chunk.count)
             return .incomplete
         }
+        bufferedBytes -= message.count
+        let total = message.count + chunk.count
+        guard total <= WireFormat.maxMessageLength else { return .tooLarge(total) }
+        if flags.contains(.more) {
+            if let last = message.pieces.indices.last, message.pieces[last].count < WireFormat.maxFramePayload {
+                message.pieces[last] += chunk
+            } else {
+                message.pieces.append(chunk)
+            }
+            message.count = total
+            bufferedBytes += total
+            partial[id] = message
+            return .incomplete
+        }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(total)
+        for piece in message.pieces { bytes += piece }
+        bytes += chunk
         return .complete(bytes)
     }
 }
