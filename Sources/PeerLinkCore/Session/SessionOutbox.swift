@@ -97,7 +97,8 @@ struct PeerOutbox: Sendable {
             message.id = id
         }
         let end = min(message.offset + WireFormat.maxFramePayload, message.bytes.count)
-        let chunk = Array(message.bytes[message.offset..<end])
+        // A message that fits one frame is its own chunk: no copy.
+        let chunk = message.offset == 0 && end == message.bytes.count ? message.bytes : Array(message.bytes[message.offset..<end])
         message.offset = end
         let finished = end == message.bytes.count
         if finished { startedBytes -= message.bytes.count } else { started.append(message) }
