@@ -244,12 +244,12 @@ public struct LinkStateMachine: Sendable {
             throw WireError(.internalError, "the link is not established yet: send frames after .established")
         }
         self.now = now
-        var plaintext: [UInt8] = []
-        var recordHoldsSmallFrame = false
+        let limit = recordPayloadLimit
+        var remaining = frames.reduce(0) { $0 + FrameScheduler.size(of: $1.frame) }
+        var records = RecordBuilder(encrypted: isEncrypted == true, frameBytes: remaining, recordLimit: limit)
         for (frame, sequence) in frames {
             if case .goAway(let code, let reason) = frame {
-                if !plaintext.isEmpty { sendRecord(plaintext) }
-                plaintext = []
+                guard sendRecords(&records) else { break }
                 finish(code, reason, byPeer: false)
                 break
             }
@@ -258,24 +258,36 @@ public struct LinkStateMachine: Sendable {
             // so a message must not wait for bulk data packed behind it.
             let size = FrameScheduler.size(of: frame)
             let large = size > Self.smallFrameLimit
-            if !plaintext.isEmpty, plaintext.count + size > recordPayloadLimit || (large && recordHoldsSmallFrame) {
-                sendRecord(plaintext)
-                plaintext.removeAll(keepingCapacity: true)
-                recordHoldsSmallFrame = false
+            if records.frameBytes > 0, records.frameBytes + size > limit || (large && records.holdsSmallFrame) {
+                guard records.endRecord(sealingWith: &transport) else {
+                    finish(.internalError, "could not seal a record", byPeer: false, goAway: false)
+                    break
+                }
             }
-            if !large { recordHoldsSmallFrame = true }
-            if plaintext.isEmpty { plaintext.reserveCapacity(recordPayloadLimit) }
+            if !large { records.holdsSmallFrame = true }
             do throws(WireError) {
-                try frame.encode(sequence: sequence, into: &plaintext)
+                try records.append(frame, sequence: sequence, plaintextCapacity: min(limit, remaining))
             } catch {
-                if !plaintext.isEmpty { sendRecord(plaintext) }
-                plaintext = []
+                guard sendRecords(&records) else { break }
                 finish(.internalError, "could not encode \(frame): \(error.reason)", byPeer: false)
                 break
             }
+            remaining -= size
         }
-        if !plaintext.isEmpty, state == .established { sendRecord(plaintext) }
+        if state == .established { _ = sendRecords(&records) }
         return flush()
+    }
+
+    /// Ends the record being built and sends every record built, as one piece. False (and the
+    /// link closed) when a record could not be sealed.
+    private mutating func sendRecords(_ records: inout RecordBuilder) -> Bool {
+        guard records.endRecord(sealingWith: &transport) else {
+            finish(.internalError, "could not seal a record", byPeer: false, goAway: false)
+            return false
+        }
+        if !records.wire.isEmpty { emit(records.wire) }
+        records.wire = []
+        return true
     }
 
     /// Frames up to this size (header included) are small: messages, control, credit. A large
@@ -644,5 +656,81 @@ public struct LinkStateMachine: Sendable {
         }
         endRun()
         return joined
+    }
+}
+
+/// Records built for one write, into one buffer: a link's frames are encoded straight into it
+/// behind the record's length when records are not sealed, or into a plaintext buffer reused
+/// from record to record and sealed into it when they are. No array per record, no joining
+/// afterwards.
+struct RecordBuilder {
+    let encrypted: Bool
+    /// The records ended so far.
+    var wire: [UInt8] = []
+    /// Bytes of frames in the record being built.
+    private(set) var frameBytes = 0
+    /// The record being built holds a small frame.
+    var holdsSmallFrame = false
+    private var plaintext: [UInt8] = []
+    /// Where the length of the record being built goes (records not sealed).
+    private var lengthAt: Int?
+
+    /// `frameBytes` frames to come, in records of at most `recordLimit` bytes of frames.
+    init(encrypted: Bool, frameBytes: Int, recordLimit: Int) {
+        self.encrypted = encrypted
+        let overhead = 2 + (encrypted ? WireFormat.tagLength : 0)
+        wire.reserveCapacity(frameBytes + overhead * (frameBytes / max(recordLimit, 1) + 2))
+    }
+
+    /// Appends `frame` to the record being built (starting one). Throws as
+    /// ``Frame/encode(sequence:into:)``, and then appends nothing.
+    mutating func append(_ frame: Frame, sequence: UInt64?, plaintextCapacity: Int) throws(WireError) {
+        if encrypted {
+            if plaintext.isEmpty { plaintext.reserveCapacity(plaintextCapacity) }
+            try frame.encode(sequence: sequence, into: &plaintext)
+            frameBytes = plaintext.count
+            return
+        }
+        if lengthAt == nil {
+            lengthAt = wire.count
+            wire.append(0)
+            wire.append(0)
+        }
+        let before = wire.count
+        try frame.encode(sequence: sequence, into: &wire)
+        frameBytes += wire.count - before
+    }
+
+    /// Ends the record being built, if any: its length written, or its frames sealed behind
+    /// it. False when sealing failed (nothing of that record is kept then).
+    mutating func endRecord(sealingWith keys: inout NoiseTransport?) -> Bool {
+        defer {
+            frameBytes = 0
+            holdsSmallFrame = false
+            lengthAt = nil
+        }
+        if encrypted {
+            guard !plaintext.isEmpty else { return true }
+            let start = wire.count
+            guard var sealing = keys else { return false }
+            wire.appendBigEndian(UInt16(plaintext.count + WireFormat.tagLength))
+            do throws(NoiseError) {
+                try sealing.seal(plaintext, appendingTo: &wire)
+            } catch {
+                wire.removeSubrange(start...)
+                return false
+            }
+            keys = sealing
+            plaintext.removeAll(keepingCapacity: true)
+            return true
+        }
+        guard let lengthAt else { return true }
+        if frameBytes == 0 {
+            wire.removeSubrange(lengthAt...)
+        } else {
+            wire[lengthAt] = UInt8(truncatingIfNeeded: frameBytes >> 8)
+            wire[lengthAt + 1] = UInt8(truncatingIfNeeded: frameBytes)
+        }
+        return true
     }
 }
