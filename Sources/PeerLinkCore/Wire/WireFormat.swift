@@ -258,17 +258,17 @@ struct WireReader {
 }
 
 extension Array where Element == UInt8 {
+    // Each appends the value's bytes in one go (one capacity check), not byte by byte.
     mutating func appendBigEndian(_ value: UInt16) {
-        append(UInt8(truncatingIfNeeded: value >> 8))
-        append(UInt8(truncatingIfNeeded: value))
+        Swift.withUnsafeBytes(of: value.bigEndian) { append(contentsOf: $0) }
     }
 
     mutating func appendBigEndian(_ value: UInt32) {
-        for shift in stride(from: 24, through: 0, by: -8) { append(UInt8(truncatingIfNeeded: value >> UInt32(shift))) }
+        Swift.withUnsafeBytes(of: value.bigEndian) { append(contentsOf: $0) }
     }
 
     mutating func appendBigEndian(_ value: UInt64) {
-        for shift in stride(from: 56, through: 0, by: -8) { append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
+        Swift.withUnsafeBytes(of: value.bigEndian) { append(contentsOf: $0) }
     }
 }
 
