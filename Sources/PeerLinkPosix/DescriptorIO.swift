@@ -14,37 +14,12 @@ extension Descriptor {
     /// - Throws: a ``SystemError`` when the socket failed or was closed on this side (`EBADF`,
     ///   also for a read that was waiting), `CancellationError` when the task is cancelled.
     package func receive(maxCount: Int) async throws -> [UInt8] {
-        let count = max(1, maxCount)
-        while true {
-            try Task.checkCancellation()
-            let fd = try acquire("recv")
-            defer { release() }
-            // Received straight into the array's storage, not zeroed first; the array is as
-            // long as what arrived (its capacity is `count` until the caller lets it go).
-            var wouldBlock = false
-            var failure: SystemError?
-            let bytes = [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
-                do throws(SystemError) {
-                    if let received = try Sys.receive(fd, UnsafeMutableRawBufferPointer(buffer)) {
-                        initialized = received
-                    } else {
-                        wouldBlock = true
-                        initialized = 0
-                    }
-                } catch {
-                    failure = error
-                    initialized = 0
-                }
-            }
-            if let failure { throw failure }
-            if !wouldBlock {
-                // A shutdown by close() on this side reads as the end of the stream.
-                if bytes.isEmpty, isClosed { throw SystemError("recv", errno: EBADF) }
-                return bytes
-            }
-            // Nothing yet: park on the I/O thread until the socket is readable (or shut down).
-            try await Readiness.shared.wait(for: fd, events: Int16(POLLIN))
-        }
+        // Received straight into the array's storage, not zeroed first; the array is as long
+        // as what arrived (its capacity is `maxCount` until the caller lets it go).
+        var bytes: [UInt8] = []
+        let received = try await receive(into: &bytes, maxCount: maxCount)
+        bytes.removeSubrange(received...)
+        return bytes
     }
 
     /// The next bytes that arrived, at most `maxCount`, received into the front of `bytes`
