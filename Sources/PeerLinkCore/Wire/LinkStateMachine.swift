@@ -259,10 +259,7 @@ public struct LinkStateMachine: Sendable {
             let size = FrameScheduler.size(of: frame)
             let large = size > Self.smallFrameLimit
             if records.frameBytes > 0, records.frameBytes + size > limit || (large && records.holdsSmallFrame) {
-                guard records.endRecord(sealingWith: &transport) else {
-                    finish(.internalError, "could not seal a record", byPeer: false, goAway: false)
-                    break
-                }
+                guard endRecord(&records) else { break }
             }
             if !large { records.holdsSmallFrame = true }
             do throws(WireError) {
@@ -278,13 +275,19 @@ public struct LinkStateMachine: Sendable {
         return flush()
     }
 
-    /// Ends the record being built and sends every record built, as one piece. False (and the
-    /// link closed) when a record could not be sealed.
-    private mutating func sendRecords(_ records: inout RecordBuilder) -> Bool {
+    /// Ends the record being built; false (and the link closed) when it could not be sealed.
+    private mutating func endRecord(_ records: inout RecordBuilder) -> Bool {
         guard records.endRecord(sealingWith: &transport) else {
             finish(.internalError, "could not seal a record", byPeer: false, goAway: false)
             return false
         }
+        return true
+    }
+
+    /// Ends the record being built and sends every record built, as one piece. False (and the
+    /// link closed) when a record could not be sealed.
+    private mutating func sendRecords(_ records: inout RecordBuilder) -> Bool {
+        guard endRecord(&records) else { return false }
         if !records.wire.isEmpty { emit(records.wire) }
         records.wire = []
         return true
@@ -592,19 +595,9 @@ public struct LinkStateMachine: Sendable {
     /// The record that carries `frameBytes`: its length, then the frames sealed (or as they are).
     private mutating func seal(_ frameBytes: [UInt8]) -> [UInt8]? {
         guard isEncrypted == true else { return Record.framed(frameBytes) }
-        guard var keys = transport else { return nil }
-        let length = frameBytes.count + WireFormat.tagLength
-        guard length <= Int(UInt16.max) else { return nil }
         var record: [UInt8] = []
-        record.reserveCapacity(2 + length)
-        record.appendBigEndian(UInt16(length))
-        do throws(NoiseError) {
-            try keys.seal(frameBytes, appendingTo: &record)
-        } catch {
-            return nil
-        }
-        transport = keys
-        return record
+        record.reserveCapacity(2 + frameBytes.count + WireFormat.tagLength)
+        return RecordBuilder.appendSealed(frameBytes, to: &record, keys: &transport) ? record : nil
     }
 
     /// Ends the link: a `GO_AWAY` first when records can be sent and `goAway` allows, then
@@ -711,16 +704,7 @@ struct RecordBuilder {
         }
         if encrypted {
             guard !plaintext.isEmpty else { return true }
-            let start = wire.count
-            guard var sealing = keys else { return false }
-            wire.appendBigEndian(UInt16(plaintext.count + WireFormat.tagLength))
-            do throws(NoiseError) {
-                try sealing.seal(plaintext, appendingTo: &wire)
-            } catch {
-                wire.removeSubrange(start...)
-                return false
-            }
-            keys = sealing
+            guard Self.appendSealed(plaintext, to: &wire, keys: &keys) else { return false }
             plaintext.removeAll(keepingCapacity: true)
             return true
         }
@@ -731,6 +715,24 @@ struct RecordBuilder {
             wire[lengthAt] = UInt8(truncatingIfNeeded: frameBytes >> 8)
             wire[lengthAt + 1] = UInt8(truncatingIfNeeded: frameBytes)
         }
+        return true
+    }
+
+    /// Appends the sealed record of `plaintext` to `wire`: its length, then the frames sealed
+    /// with `keys`. False, with nothing appended, when it cannot be sealed (no keys, too long,
+    /// the cipher failed).
+    static func appendSealed(_ plaintext: [UInt8], to wire: inout [UInt8], keys: inout NoiseTransport?) -> Bool {
+        let length = plaintext.count + WireFormat.tagLength
+        guard var sealing = keys, length <= Int(UInt16.max) else { return false }
+        let start = wire.count
+        wire.appendBigEndian(UInt16(length))
+        do throws(NoiseError) {
+            try sealing.seal(plaintext, appendingTo: &wire)
+        } catch {
+            wire.removeSubrange(start...)
+            return false
+        }
+        keys = sealing
         return true
     }
 }
