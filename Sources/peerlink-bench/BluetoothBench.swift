@@ -66,7 +66,7 @@ struct BluetoothBench {
                 "connect (+ handshake, invitation)", key: prefix + "connect", encryption: .required, pair.connectTime,
                 baseline: first.connectTime)
             for size in [1024, 64 * 1024] {
-                let session = try await pair.throughput(messageSize: size, total: volume)
+                let session = try await pair.throughput(messageSize: size, total: volume, inFlight: 256 << 10)
                 report.throughput(
                     "\(Report.size(size)) messages, \(Report.size(volume))", key: prefix + "messages_\(Report.key(size))",
                     encryption: .required, bytes: volume, session: session, raw: try raw.throughput(total: volume))
