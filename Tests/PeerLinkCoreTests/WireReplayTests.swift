@@ -80,6 +80,32 @@ struct WireReplayTests {
         }
     }
 
+    /// Once the length of the record it holds the start of is known, the input buffer appends
+    /// only what completes that record: the bytes after it are read where they lie (lent), not
+    /// copied behind it.
+    @Test func heldRecordTakesOnlyWhatCompletesIt() {
+        var buffer = InputBuffer(capacity: 100)
+        #expect(buffer.fill(from: [0, 8, 1][...]).isEmpty)
+        buffer.keepRest()
+        buffer.expect(Record.expectedLength(prefix: buffer.readable))
+        let input = [UInt8](2...30)
+        let rest = buffer.fill(from: input[...])
+        #expect(buffer.count == 10)
+        #expect(Array(rest) == Array(9...30))
+        buffer.consume(10)
+        // Empty again: the rest is lent, and nothing more is expected of it.
+        #expect(buffer.fill(from: rest).isEmpty)
+        #expect(buffer.count == 22)
+
+        // Without a known length, as much as fits is copied.
+        var unknown = InputBuffer(capacity: 100)
+        _ = unknown.fill(from: [0][...])
+        unknown.keepRest()
+        #expect(Record.expectedLength(prefix: unknown.readable) == 2)
+        #expect(unknown.fill(from: input[...]).isEmpty)
+        #expect(unknown.count == 30)
+    }
+
     @Test func framesOfEveryType() throws {
         let (bytes, frames) = try Self.validStream()
         let expected = frames.map { Result<Frame, WireError>.success($0) }

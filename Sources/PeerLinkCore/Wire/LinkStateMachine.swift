@@ -512,44 +512,57 @@ public struct LinkStateMachine: Sendable {
     }
 
     private mutating func readRecord() -> Bool {
-        let encrypted = isEncrypted == true
+        let frames: [(frame: Frame, sequence: UInt64?)]
         do {
-            guard
-                let (body, length) = try Record.parse(
-                    prefix: buffer.readable,
-                    maxLength: WireFormat.maxRecordLength(encrypted: encrypted),
-                    minLength: WireFormat.minRecordLength(encrypted: encrypted))
-            else { return false }
-            let plaintext: [UInt8]
-            if encrypted {
-                guard var keys = transport else {
-                    finish(.internalError, "no transport keys on an encrypted link", byPeer: false)
-                    return true
-                }
-                do {
-                    // Opened where it lies in the input buffer (no copy of the ciphertext).
-                    plaintext = try keys.open(body)
-                    transport = keys
-                } catch {
-                    finish(.protocolError, "a record failed to decrypt: \(error)", byPeer: false)
-                    return true
-                }
-            } else {
-                plaintext = Array(body)
+            guard let decoded = try decodeRecord() else {
+                // Only what completes this record is copied behind what is held of it.
+                buffer.expect(Record.expectedLength(prefix: buffer.readable))
+                return false
             }
-            buffer.consume(length)
-            for (frame, sequence) in try Frame.decodeRecord(plaintext[...]) {
-                guard state == .established else { break }
-                if let sequence {
-                    output.append(.sequenced(frame, sequence: sequence))
-                } else {
-                    handle(frame)
-                }
-            }
+            frames = decoded
         } catch {
             finish(error.code, error.reason, byPeer: false)
+            return true
+        }
+        for (frame, sequence) in frames {
+            guard state == .established else { break }
+            if let sequence {
+                output.append(.sequenced(frame, sequence: sequence))
+            } else {
+                handle(frame)
+            }
         }
         return true
+    }
+
+    /// The frames of the record at the front of the buffer, consumed; nil while it is not
+    /// complete. The record is read where it lies: opened from there when sealed, its frames
+    /// decoded from there (each payload copied out) when not. Nothing refers to the buffer after.
+    private mutating func decodeRecord() throws(WireError) -> [(frame: Frame, sequence: UInt64?)]? {
+        let encrypted = isEncrypted == true
+        guard
+            let (body, length) = try Record.parse(
+                prefix: buffer.readable,
+                maxLength: WireFormat.maxRecordLength(encrypted: encrypted),
+                minLength: WireFormat.minRecordLength(encrypted: encrypted))
+        else { return nil }
+        guard encrypted else {
+            let frames = try Frame.decodeRecord(body)
+            buffer.consume(length)
+            return frames
+        }
+        guard var keys = transport else {
+            throw WireError(.internalError, "no transport keys on an encrypted link")
+        }
+        let plaintext: [UInt8]
+        do {
+            plaintext = try keys.open(body)
+            transport = keys
+        } catch {
+            throw WireError(.protocolError, "a record failed to decrypt: \(error)")
+        }
+        buffer.consume(length)
+        return try Frame.decodeRecord(plaintext[...])
     }
 
     private mutating func handle(_ frame: Frame) {

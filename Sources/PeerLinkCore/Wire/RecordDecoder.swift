@@ -28,6 +28,14 @@ public enum Record {
         guard let body = reader.bytes(Int(length)) else { return nil }
         return (body, 2 + Int(length))
     }
+
+    /// How many bytes the record at the start of `bytes` takes with its length, as far as its
+    /// start tells: the whole record once its length arrived, 2 (the length) before.
+    package static func expectedLength(prefix bytes: ArraySlice<UInt8>) -> Int {
+        var reader = WireReader(bytes)
+        guard let length = reader.uint16() else { return 2 }
+        return 2 + Int(length)
+    }
 }
 
 /// A byte queue for input that arrives in pieces: append at the back, consume from the front,
@@ -37,27 +45,34 @@ public enum Record {
 /// (``fill(from:)`` lends it), and only what is left of it when the caller is done with the input
 /// (the start of an item not yet complete) is copied into the queue's own storage by
 /// ``keepRest()``. So a read that holds whole records costs no copy, and the caller's read
-/// buffer is free to be reused once `keepRest()` returned.
-struct InputBuffer: Sendable {
-    let capacity: Int
+/// buffer is free to be reused once `keepRest()` returned. When the next input comes, only what
+/// completes that item is copied behind it, if its reader said how long it is (``expect(_:)``):
+/// the rest is lent again once the item is consumed.
+package struct InputBuffer: Sendable {
+    package let capacity: Int
     /// The queue's own bytes, from `start`; reused (its capacity kept) as it empties.
     private var storage: [UInt8] = []
     private var start = 0
     /// Input read where it lies, while `storage` holds nothing.
     private var lent: ArraySlice<UInt8> = []
+    /// How many bytes the item at the front takes, when its reader could tell (0: not known).
+    private var expected = 0
 
-    init(capacity: Int) {
+    package init(capacity: Int) {
         self.capacity = capacity
     }
 
-    var count: Int { storage.count - start + lent.count }
-    var room: Int { capacity - count }
-    var readable: ArraySlice<UInt8> { lent.isEmpty ? storage[start...] : lent }
+    package var count: Int { storage.count - start + lent.count }
+    package var room: Int { capacity - count }
+    package var readable: ArraySlice<UInt8> { lent.isEmpty ? storage[start...] : lent }
 
     /// Takes as many of `bytes` as fit and returns the rest: lent when the queue is empty,
-    /// appended to its storage otherwise.
-    mutating func fill(from bytes: ArraySlice<UInt8>) -> ArraySlice<UInt8> {
-        let taken = min(room, bytes.count)
+    /// appended to its storage otherwise. When the front item's length is known (``expect(_:)``),
+    /// only what completes it is appended: the rest is lent once the item is consumed, instead
+    /// of copied behind it.
+    package mutating func fill(from bytes: ArraySlice<UInt8>) -> ArraySlice<UInt8> {
+        var taken = min(room, bytes.count)
+        if count > 0, expected > count { taken = min(taken, expected - count) }
         if count == 0 {
             lent = taken > 0 ? bytes.prefix(taken) : []
             return bytes.dropFirst(taken)
@@ -71,8 +86,15 @@ struct InputBuffer: Sendable {
         return bytes.dropFirst(taken)
     }
 
-    mutating func consume(_ count: Int) {
+    /// The item at the front, not complete yet, takes `length` bytes in all: ``fill(from:)``
+    /// appends no more than that while it is there. Forgotten when anything is consumed.
+    package mutating func expect(_ length: Int) {
+        expected = length
+    }
+
+    package mutating func consume(_ count: Int) {
         let count = max(count, 0)
+        expected = 0
         if !lent.isEmpty {
             // An empty slice would still hold on to the caller's buffer.
             lent = count < lent.count ? lent.dropFirst(count) : []
@@ -87,7 +109,7 @@ struct InputBuffer: Sendable {
 
     /// Copies what is left of lent input into the queue's own storage, so that the queue no
     /// longer refers to the caller's bytes. Call before the input's buffer is reused.
-    mutating func keepRest() {
+    package mutating func keepRest() {
         guard !lent.isEmpty else { return }
         // Lending happens only while the storage is empty.
         storage.removeAll(keepingCapacity: storage.capacity <= 2 * capacity)
@@ -96,10 +118,11 @@ struct InputBuffer: Sendable {
         lent = []
     }
 
-    mutating func removeAll() {
+    package mutating func removeAll() {
         storage = []
         start = 0
         lent = []
+        expected = 0
     }
 }
 
@@ -153,6 +176,7 @@ public struct RecordDecoder: Sendable {
                 buffer.keepRest()
                 return results
             }
+            buffer.expect(Record.expectedLength(prefix: buffer.readable))
             input = buffer.fill(from: input)
         }
     }
