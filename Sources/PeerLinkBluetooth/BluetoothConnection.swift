@@ -75,6 +75,16 @@ public final class BluetoothConnection: Sendable {
         try await descriptor.receive(maxCount: incomingMTU ?? 65536)
     }
 
+    /// ``read()`` into the front of `buffer`, grown first to the most one read may bring (the
+    /// incoming MTU over L2CAP, so a packet is never cut): how many bytes arrived, 0 at the end.
+    /// A caller that passes the same buffer every time has its storage reused, with no
+    /// allocation per read.
+    ///
+    /// - Throws: as ``read()`` does.
+    public func read(into buffer: inout [UInt8]) async throws -> Int {
+        try await descriptor.receive(into: &buffer, maxCount: incomingMTU ?? 65536)
+    }
+
     /// Writes all of `bytes` (L2CAP: in packets of at most ``outgoingMTU``); returns once the
     /// kernel took the last of them.
     ///

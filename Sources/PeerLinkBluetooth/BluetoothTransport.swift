@@ -32,6 +32,14 @@ public final class BluetoothLinkChannel: LinkChannel {
         }
     }
 
+    public func read(into buffer: inout [UInt8]) async throws -> Int {
+        do {
+            return try await connection.read(into: &buffer)
+        } catch {
+            throw BluetoothErrors.link(error, remote: remoteDescription)
+        }
+    }
+
     public func write(_ bytes: [UInt8]) async throws {
         do {
             try await connection.write(bytes)
