@@ -250,10 +250,10 @@ struct SessionPair {
     /// measures the queue.
     ///
     /// Over TCP the default is what a session keeps unacknowledged for a peer before it holds
-    /// back new frames (4 MiB): the session's own limit, and less than the raw baseline's socket
-    /// buffers may hold on loopback (Linux's defaults: 4 MiB to send, 6 MiB to receive). (Until 2026-11-27 it was 256 KiB, a throttle of the benchmark's
-    /// own that the raw baseline did not have.) Bluetooth passes 256 KiB: its sockets buffer
-    /// far less.
+    /// back new frames (4 MiB): the session's own limit, and no more than the raw baseline's
+    /// socket buffers may hold on loopback (up to 4 MiB to send and several MiB to receive by
+    /// Linux's defaults). Until 2026-11-27 it was 256 KiB, a throttle of the benchmark's own
+    /// that the raw baseline did not have. Bluetooth passes 256 KiB: its sockets buffer far less.
     func throughput(messageSize size: Int, total: Int, inFlight: Int = Continuity.Policy.default.maxRetainedBytes) async throws -> Double {
         let count = max(1, total / size)
         let base = b.bytesReceived

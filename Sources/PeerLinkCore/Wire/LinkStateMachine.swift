@@ -540,29 +540,36 @@ public struct LinkStateMachine: Sendable {
     /// decoded from there (each payload copied out) when not. Nothing refers to the buffer after.
     private mutating func decodeRecord() throws(WireError) -> [(frame: Frame, sequence: UInt64?)]? {
         let encrypted = isEncrypted == true
-        guard
-            let (body, length) = try Record.parse(
-                prefix: buffer.readable,
-                maxLength: WireFormat.maxRecordLength(encrypted: encrypted),
-                minLength: WireFormat.minRecordLength(encrypted: encrypted))
-        else { return nil }
-        guard encrypted else {
-            let frames = try Frame.decodeRecord(body)
-            buffer.consume(length)
-            return frames
-        }
-        guard var keys = transport else {
-            throw WireError(.internalError, "no transport keys on an encrypted link")
-        }
-        let plaintext: [UInt8]
+        let length: Int
+        let frames: [(frame: Frame, sequence: UInt64?)]
         do {
-            plaintext = try keys.open(body)
-            transport = keys
-        } catch {
-            throw WireError(.protocolError, "a record failed to decrypt: \(error)")
+            // `body` is a view of the buffer: it ends with this scope, before the buffer is
+            // consumed, so the buffer's storage is not shared then (and is reused, not copied).
+            guard
+                let (body, recordLength) = try Record.parse(
+                    prefix: buffer.readable,
+                    maxLength: WireFormat.maxRecordLength(encrypted: encrypted),
+                    minLength: WireFormat.minRecordLength(encrypted: encrypted))
+            else { return nil }
+            length = recordLength
+            if encrypted {
+                guard var keys = transport else {
+                    throw WireError(.internalError, "no transport keys on an encrypted link")
+                }
+                let plaintext: [UInt8]
+                do {
+                    plaintext = try keys.open(body)
+                    transport = keys
+                } catch {
+                    throw WireError(.protocolError, "a record failed to decrypt: \(error)")
+                }
+                frames = try Frame.decodeRecord(plaintext[...])
+            } else {
+                frames = try Frame.decodeRecord(body)
+            }
         }
         buffer.consume(length)
-        return try Frame.decodeRecord(plaintext[...])
+        return frames
     }
 
     private mutating func handle(_ frame: Frame) {
