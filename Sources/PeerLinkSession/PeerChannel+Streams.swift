@@ -243,7 +243,9 @@ extension PeerChannel {
         }
     }
 
-    /// Queues `bytes` on stream `id`, chunk by chunk, each as credit and room allow.
+    /// Queues `bytes` on stream `id` in frames of at most ``WireFormat/maxFramePayload``, as
+    /// many at each turn of the lock as credit and room allow, and wakes the writer once for
+    /// them: a 64 KiB write goes to the socket in one system call, not one per frame.
     func writeStream(_ id: UInt32, _ bytes: [UInt8]) async throws {
         var written = 0
         repeat {
@@ -255,15 +257,21 @@ extension PeerChannel {
                     throw PeerLinkError(.invalidParameter, "stream \"\(slot.name)\" was finished: nothing more can be written to it")
                 }
                 guard offset < bytes.count else { return 0 }
-                let room = maxQueuedDataBytes - state.scheduler.queuedDataBytes
-                guard room > 0 else { return nil }
-                let wanted = min(bytes.count - offset, WireFormat.maxFramePayload, room)
-                let credit = state.streams.takeCredit(id, upTo: wanted)
-                guard credit > 0 else { return nil }
-                state.scheduler.enqueue(.data(stream: id, flags: [], payload: Array(bytes[offset..<offset + credit])))
+                var queued = 0
+                while offset + queued < bytes.count {
+                    let room = maxQueuedDataBytes - state.scheduler.queuedDataBytes
+                    guard room > 0 else { break }
+                    let start = offset + queued
+                    let wanted = min(bytes.count - start, WireFormat.maxFramePayload, room)
+                    let credit = state.streams.takeCredit(id, upTo: wanted)
+                    guard credit > 0 else { break }
+                    state.scheduler.enqueue(.data(stream: id, flags: [], payload: Array(bytes[start..<start + credit])))
+                    queued += credit
+                }
+                guard queued > 0 else { return nil }
                 state.peakQueuedDataBytes = max(state.peakQueuedDataBytes, state.scheduler.queuedDataBytes)
                 wakeWriter(&state)
-                return credit
+                return queued
             }
             written += sent
         } while written < bytes.count

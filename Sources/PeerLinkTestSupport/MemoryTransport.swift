@@ -229,6 +229,7 @@ public final class MemoryChannel: LinkChannel {
     public let kind: TransportKind
     private let connection: MemoryConnection
     private let side: Int
+    private let writes = Locked(0)
 
     init(connection: MemoryConnection, side: Int, kind: TransportKind = .memory, remoteDescription: String) {
         self.connection = connection
@@ -242,12 +243,19 @@ public final class MemoryChannel: LinkChannel {
     }
 
     public func write(_ bytes: [UInt8]) async throws {
+        if !bytes.isEmpty { writes.withLock { $0 += 1 } }
         try await connection.write(bytes, side: side, description: remoteDescription)
     }
 
     public func writeNow(_ bytes: [UInt8]) throws -> Int {
-        try connection.writeNow(bytes, side: side, description: remoteDescription)
+        let taken = try connection.writeNow(bytes, side: side, description: remoteDescription)
+        if taken > 0 { writes.withLock { $0 += 1 } }
+        return taken
     }
+
+    /// Writes to this end that took bytes (``write(_:)``, and ``writeNow(_:)`` when it took
+    /// any): the system calls a socket would have seen.
+    public var writeCount: Int { writes.withLock { $0 } }
 
     public func close() { connection.close(side: side) }
 

@@ -20,16 +20,75 @@ func attachChannel(to link: Link, local: Identity, log: TestLog) async throws ->
 struct LinkStreamTests {
     /// A link that listens ("Bo") on the in-memory transport, and the dialled end of its
     /// connection for a peer driven by hand; close the listener when done.
-    static func listeningLink(log: TestLog) async throws -> (any TransportListener, any LinkChannel, Identity, Link) {
-        let network = MemoryNetwork()
+    static func listeningLink(
+        log: TestLog, bufferCapacity: Int = 64 * 1024
+    ) async throws -> (any TransportListener, any LinkChannel, Identity, Link) {
+        let (listener, dialed, server, link, _) = try await listeningLinkAndItsEnd(log: log, bufferCapacity: bufferCapacity)
+        return (listener, dialed, server, link)
+    }
+
+    /// ``listeningLink(log:bufferCapacity:)``, and the link's own end of the connection.
+    static func listeningLinkAndItsEnd(
+        log: TestLog, bufferCapacity: Int = 64 * 1024
+    ) async throws -> (any TransportListener, any LinkChannel, Identity, Link, MemoryChannel) {
+        let network = MemoryNetwork(bufferCapacity: bufferCapacity)
         let listener = try network.listen(name: "bo")
         let dialed = try await network.transport.dial(.memory(name: "bo"), timeout: .seconds(1))
-        let accepted = try await listener.accept()
+        let accepted = try #require(try await listener.accept() as? MemoryChannel)
         let server = Identity.generate()
         let link = Link(
             channel: accepted, role: .listener, identity: server, preface: LinkFixture.preface(), hello: LinkFixture.hello("Bo"),
             logger: log.logger)
-        return (listener, dialed, server, link)
+        return (listener, dialed, server, link, accepted)
+    }
+
+    @Test("a 64 KiB write on a stream with credit goes out in writes of two frames, not one write per frame")
+    func streamWriteIsOneTransportWrite() async throws {
+        let log = TestLog()
+        // Room for the whole write in the transport: how many writes it takes is the link's doing.
+        let (listener, dialed, server, link, linkEnd) = try await Self.listeningLinkAndItsEnd(log: log, bufferCapacity: 1 << 20)
+        defer { listener.close() }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            defer { dialed.close() }
+            group.addTask { await link.run() }
+            var peer = RawPeer(dialed, name: "Reader", expecting: server)
+            #expect(try await peer.handshake())
+            let (channel, _) = try await attachChannel(to: link, local: server, log: log)
+            let opening = Task { try await channel.openStream(named: "bulk") }
+            while !peer.frames.contains(where: { if case .data = $0 { true } else { false } }) {
+                try #require(await peer.readOnce(), "the link ended: \(String(describing: peer.events.last))")
+            }
+            guard case .data(let id, .syn, _)? = peer.frames.first(where: { if case .data = $0 { true } else { false } }) else {
+                Issue.record("expected a SYN, got \(peer.events)")
+                return
+            }
+            try await peer.send(.windowUpdate(stream: id, flags: .ack, credit: 1 << 20))
+            let stream = try await opening.value
+
+            // Eight writes of 64 KiB, each read to the end before the next: how many transport
+            // writes each took does not depend on a writer still busy with the one before.
+            let size = 4 * WireFormat.maxFramePayload, rounds = 8
+            var writes: [Int] = []
+            var received = 0
+            for round in 1...rounds {
+                let before = linkEnd.writeCount
+                try await stream.write([UInt8](repeating: 0xB0, count: size))
+                while received < round * size {
+                    try #require(await peer.readOnce(), "the link ended: \(String(describing: peer.events.last))")
+                    received = peer.frames.reduce(0) { total, frame in
+                        if case .data(_, [], let payload) = frame { total + payload.count } else { total }
+                    }
+                }
+                writes.append(linkEnd.writeCount - before)
+            }
+            #expect(received == rounds * size)
+            // The writer seals at most two frames at once (what a message may wait behind, see
+            // `LinkSchedulingTests`): two writes for each, where a wake-up per frame made up to four.
+            #expect(writes.allSatisfy { $0 <= 2 }, "64 KiB stream writes went out in \(writes) transport writes")
+            stream.reset(reason: "enough")
+            dialed.close()
+            try await group.waitForAll()
+        }
     }
 
     @Test("3 MiB of message frames that arrive before the channel is attached (a peer resending its window on a new link) wait for it: nothing lost, no error")
