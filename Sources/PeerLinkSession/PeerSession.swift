@@ -192,7 +192,7 @@ public final class PeerSession: Sendable {
     /// Read it: a peer whose messages wait here beyond
     /// ``PeerLinkCore/ResourceLimits/maximumQueuedMessageBytesPerPeer`` is held back.
     public var events: PeerSessionEvents {
-        PeerSessionEvents(queue: eventSink, taken: { [weak self] in self?.eventTaken($0) })
+        PeerSessionEvents(queue: eventSink, taken: { [weak self] in self?.eventsTaken($0) }, weight: PeerSession.weight(of:))
     }
     /// Streams peers opened to the local peer, accepted already, for one consumer; it finishes
     /// when ``run()`` returns. Read them (or reset them): an unread stream holds its sender.

@@ -1,29 +1,44 @@
 import PeerLinkCore
 
-/// Events for one consumer, in order, each counted as taken when the consumer takes it (the
-/// session holds back peers whose messages wait too long untaken; see ``PeerSessionEvents``).
-/// Iterate it with `for await event in …`; it finishes when its source is over, and for a
-/// consumer whose task is cancelled.
+/// Events for one consumer, in order, each counted as taken once the consumer is done with it
+/// (the session holds back peers whose messages wait too long untaken; see
+/// ``PeerSessionEvents``). Iterate it with `for await event in …`; it finishes when its source
+/// is over, and for a consumer whose task is cancelled.
 public struct EventSequence<Element: Sendable>: AsyncSequence, Sendable {
     public typealias Failure = Never
 
     let queue: EventQueue<Element>
-    /// Told of each event as the consumer takes it.
-    let taken: @Sendable (Element) -> Void
+    /// Told of the events the consumer took, in order, a run at a time.
+    let taken: @Sendable (ArraySlice<Element>) -> Void
+    /// What an event weighs towards ``maxUntoldWeight`` (a message: its bytes).
+    let weight: @Sendable (Element) -> Int
 
-    package init(queue: EventQueue<Element>, taken: @escaping @Sendable (Element) -> Void) {
+    /// Events handed out are told as taken when the consumer asks for one more (it is done with
+    /// them) and none is left in the iterator's run: before it waits, so every event is told
+    /// by the time the consumer waits for the next. Sooner once this many are untold…
+    package static var maxUntoldEvents: Int { 32 }
+    /// … or they weigh this much: a consumer busy with a run of large messages does not hold
+    /// their bytes counted against it for long.
+    package static var maxUntoldWeight: Int { 64 * 1024 }
+
+    package init(
+        queue: EventQueue<Element>, taken: @escaping @Sendable (ArraySlice<Element>) -> Void,
+        weight: @escaping @Sendable (Element) -> Int = { _ in 0 }
+    ) {
         self.queue = queue
         self.taken = taken
+        self.weight = weight
     }
 
     /// Takes what waits in the queue at once and hands it out one by one: one lock and at most
-    /// one wake-up for a run of events, not one per event. Events taken from the queue but not
-    /// handed out yet go back to its front when the iterator goes (a consumer that leaves its
-    /// `for await` loop with `break` and iterates again later misses none).
+    /// one wake-up for a run of events, not one per event; they are told as taken in runs too
+    /// (see ``maxUntoldEvents``), one look-up for a run instead of one per event. Events taken
+    /// from the queue but not handed out yet go back to its front when the iterator goes (a
+    /// consumer that leaves its `for await` loop with `break` and iterates again later misses
+    /// none); those handed out are told then.
     public struct AsyncIterator: AsyncIteratorProtocol {
         public typealias Failure = Never
 
-        let taken: @Sendable (Element) -> Void
         let batch: Batch
 
         public mutating func next() async -> Element? {
@@ -32,41 +47,70 @@ public struct EventSequence<Element: Sendable>: AsyncSequence, Sendable {
 
         public mutating func next(isolation actor: isolated (any Actor)?) async -> Element? {
             if batch.position == batch.events.count {
+                batch.tell()
                 batch.events = []
                 batch.position = 0
+                batch.told = 0
                 guard let more = await batch.queue.take() else { return nil }
                 batch.events = more
+            } else if batch.position - batch.told >= EventSequence.maxUntoldEvents || batch.untoldWeight >= EventSequence.maxUntoldWeight {
+                batch.tell()
             }
             let event = batch.events[batch.position]
             batch.position += 1
-            taken(event)
+            batch.untoldWeight += batch.weight(event)
             return event
         }
     }
 
-    /// An iterator's run of events: its copies share it, and the last to go hands back the rest.
+    /// An iterator's run of events: its copies share it, and the last to go tells what was
+    /// handed out and hands back the rest.
     final class Batch {
         let queue: EventQueue<Element>
+        let taken: @Sendable (ArraySlice<Element>) -> Void
+        let weight: @Sendable (Element) -> Int
         var events: [Element] = []
+        /// The next event to hand out.
         var position = 0
+        /// Events before this one were told as taken.
+        var told = 0
+        /// What the events handed out and not told yet weigh.
+        var untoldWeight = 0
 
-        init(queue: EventQueue<Element>) { self.queue = queue }
+        init(queue: EventQueue<Element>, taken: @escaping @Sendable (ArraySlice<Element>) -> Void, weight: @escaping @Sendable (Element) -> Int) {
+            self.queue = queue
+            self.taken = taken
+            self.weight = weight
+        }
+
+        /// Tells the events handed out since the last time.
+        func tell() {
+            guard told < position else { return }
+            let run = events[told..<position]
+            told = position
+            untoldWeight = 0
+            taken(run)
+        }
 
         deinit {
+            tell()
             if position < events.count { queue.putBack(events[position...]) }
         }
     }
 
     public func makeAsyncIterator() -> AsyncIterator {
-        AsyncIterator(taken: taken, batch: Batch(queue: queue))
+        AsyncIterator(batch: Batch(queue: queue, taken: taken, weight: weight))
     }
 
     /// The events as they come, not counted as taken when iterated: for a layer that passes them
-    /// on (``markTaken(_:)`` is then its to call, as its own consumer takes each).
+    /// on (``markTaken(_:)`` is then its to call, as its own consumer takes them).
     package var uncounted: EventSequence<Element> { EventSequence(queue: queue, taken: { _ in }) }
 
-    /// Counts `event` as taken by the consumer (see ``uncounted``).
-    package func markTaken(_ event: Element) { taken(event) }
+    /// Counts `events` as taken by the consumer (see ``uncounted``).
+    package func markTaken(_ events: ArraySlice<Element>) { taken(events) }
+
+    /// What `event` weighs (see ``maxUntoldWeight``).
+    package func weight(of event: Element) -> Int { weight(event) }
 }
 
 /// Where a producer puts events for one consumer (an ``EventSequence``), in order, unbounded:
@@ -199,10 +243,22 @@ extension PeerSession {
         return true
     }
 
-    /// The app took `event` from ``events``.
-    func eventTaken(_ event: PeerSessionEvent) {
-        guard case .message(let peer, let data, _) = event else { return }
-        core.withLock { $0.channels[peer.fingerprint] }?.messageBytesConsumed(data.count)
+    /// The app took `events` from ``events``: their messages' bytes are uncounted on their
+    /// peers' channels, with one look-up for the run and one call per peer.
+    func eventsTaken(_ events: ArraySlice<PeerSessionEvent>) {
+        var bytes: [Fingerprint: Int] = [:]
+        for event in events {
+            guard case .message(let peer, let data, _) = event else { continue }
+            bytes[peer.fingerprint, default: 0] += data.count
+        }
+        guard !bytes.isEmpty else { return }
+        let channels = core.withLock { core in bytes.keys.compactMap { key in core.channels[key].map { (key, $0) } } }
+        for (key, channel) in channels { channel.messageBytesConsumed(bytes[key]!) }
+    }
+
+    /// What an event weighs towards how soon it is told as taken: a message, its bytes.
+    static func weight(of event: PeerSessionEvent) -> Int {
+        if case .message(_, let data, _) = event { data.count } else { 0 }
     }
 
     /// Bytes of `peer`'s messages not taken by the app yet: waiting in ``events``, or on their

@@ -3,20 +3,26 @@ import PeerLinkSession
 import Testing
 
 /// The queue behind a session's (and a node's) events: one consumer, in order, batches taken
-/// whole, each event counted as taken when the consumer gets it.
+/// whole, each event counted as taken once the consumer is done with it (told in runs, all of
+/// them by the time the consumer waits).
 @Suite("EventQueue", .timeLimit(.minutes(1)))
 struct EventQueueTests {
-    @Test("events come out in order, each counted as taken when handed out, queued ones before the end")
+    @Test("events come out in order, counted as taken in runs once the consumer asks for more (all by the time it waits), queued ones before the end")
     func orderAndEnd() async {
         let queue = EventQueue<Int>()
         let counted = Locked<[Int]>([])
-        let events = EventSequence(queue: queue, taken: { value in counted.withLock { $0.append(value) } })
+        let runs = Locked(0)
+        let events = EventSequence(queue: queue, taken: { run in
+            counted.withLock { $0 += run }
+            runs.withLock { $0 += 1 }
+        })
         for value in 0..<1000 { #expect(queue.yield(value)) }
         let consumer = Task {
             var seen: [Int] = []
             for await value in events {
-                // Counted by the time the consumer has it, not before.
-                #expect(counted.withLock { $0.last } == value)
+                // Not counted while the consumer has it; at most a run of them untold.
+                let last = counted.withLock { $0.last } ?? -1
+                #expect(last < value && value - last <= EventSequence<Int>.maxUntoldEvents, "\(value) handed out, \(last) told")
                 seen.append(value)
                 if value == 999 { queue.yield(1000) }
             }
@@ -24,12 +30,29 @@ struct EventQueueTests {
         }
         // Some while the consumer waits, then the end: what is queued still comes first.
         await Self.untilWaiting(queue)
+        #expect(counted.withLock { $0 } == Array(0...1000), "a consumer that waits has every event it took counted")
         for value in 1001..<1100 { queue.yield(value) }
         queue.finish()
         #expect(!queue.yield(5000), "an event after the end is refused")
         let seen = await consumer.value
         #expect(seen == Array(0..<1100))
         #expect(counted.withLock { $0 } == Array(0..<1100))
+        #expect(runs.withLock { $0 } <= 1100 / 16, "\(runs.withLock { $0 }) runs told for 1100 events")
+    }
+
+    @Test("heavy events are told sooner: at most 64 KiB of them untold")
+    func heavyEventsToldSooner() async {
+        let queue = EventQueue<Int>()
+        let counted = Locked<[Int]>([])
+        // Each event weighs 40 KiB: told after every second one at the latest.
+        let events = EventSequence(queue: queue, taken: { run in counted.withLock { $0 += run } }, weight: { _ in 40 * 1024 })
+        for value in 0..<20 { queue.yield(value) }
+        queue.finish()
+        for await value in events {
+            let last = counted.withLock { $0.last } ?? -1
+            #expect(value - last <= 2, "\(value) handed out, \(last) told")
+        }
+        #expect(counted.withLock { $0 } == Array(0..<20))
     }
 
     @Test("a waiting consumer is woken by the next event and by the end")
@@ -90,7 +113,7 @@ struct EventQueueTests {
     func iteratingAgain() async {
         let queue = EventQueue<Int>()
         let counted = Locked<[Int]>([])
-        let events = EventSequence(queue: queue, taken: { value in counted.withLock { $0.append(value) } })
+        let events = EventSequence(queue: queue, taken: { run in counted.withLock { $0 += run } })
         for value in 0..<10 { queue.yield(value) }
         var seen: [Int] = []
         // Leaves after 3 of the 10 taken in one batch: the other 7 go back to the queue.

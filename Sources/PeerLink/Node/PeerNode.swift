@@ -54,9 +54,17 @@ public final class PeerNode: Sendable {
     /// ``PeerLinkSession/PeerSessionEvents``).
     public var events: PeerNodeEvents {
         let sessionEvents = session.events
-        return PeerNodeEvents(queue: sink, taken: { event in
-            if case .session(let inner) = event { sessionEvents.markTaken(inner) }
-        })
+        return PeerNodeEvents(
+            queue: sink,
+            taken: { events in
+                let inner = events.compactMap { event -> PeerSessionEvent? in
+                    if case .session(let inner) = event { inner } else { nil }
+                }
+                if !inner.isEmpty { sessionEvents.markTaken(inner[...]) }
+            },
+            weight: { event in
+                if case .session(let inner) = event { sessionEvents.weight(of: inner) } else { 0 }
+            })
     }
     /// The modules chosen, in order (those that could not run included).
     public let modules: [any TransportModule]
