@@ -897,7 +897,7 @@ extension PeerSession {
             let next = core.withLock { core -> Duration?? in
                 guard core.phase == .running else { return .none }
                 core.timerArmed = true
-                core.timerDeadline = core.machine.nextDeadline
+                core.timerDeadline = core.machine.nextDeadlineInPlace()
                 core.timerWakePending = false
                 return .some(core.timerDeadline)
             }

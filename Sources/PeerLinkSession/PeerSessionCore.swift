@@ -81,7 +81,7 @@ struct SessionCore: OutboxOwner {
     /// sleeps towards (or it must stop).
     mutating func wakeTimerIfNeeded() {
         guard timerArmed else { return }
-        let next = machine.nextDeadline
+        let next = machine.nextDeadlineInPlace()
         let closer: Bool = if let next { timerDeadline.map { next < $0 } ?? true } else { false }
         if closer || phase != .running { wakeTimer() }
     }

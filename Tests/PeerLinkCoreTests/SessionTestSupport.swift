@@ -196,6 +196,11 @@ struct SessionNet {
         run()
         var nextRegular = interval.map { now + $0 }
         while now < target {
+            // The session's runtime reads the deadline in place; it must be the getter's.
+            for node in nodes.indices {
+                let read = nodes[node].machine.nextDeadline
+                #expect(nodes[node].machine.nextDeadlineInPlace() == read, "node \(node): the deadline read in place is not the one read by copy")
+            }
             var next = nodes.compactMap(\.machine.nextDeadline).filter { $0 > now }.min() ?? target
             if let regular = nextRegular { next = min(next, regular) }
             now = min(max(next, now), target)

@@ -196,23 +196,50 @@ public struct SessionStateMachine: Sendable {
 
     /// When ``tick(at:)`` has something to do next, or nil.
     public var nextDeadline: Duration? {
-        // Read after every input: the earliest is kept as it goes, nothing is gathered.
-        var earliest: Duration?
-        func consider(_ deadline: Duration?) {
-            if let deadline, earliest.map({ deadline < $0 }) ?? true { earliest = deadline }
-        }
-        for invitation in outgoing.values {
-            consider(invitation.sentOn == nil ? invitation.deadline : invitation.deadline + policy.responseGrace)
-        }
-        for invitation in incoming.values { consider(invitation.deadline) }
-        // Each record is still copied out to be read (a getter cannot read it in place; see
-        // `inPlace`): about 1 % of a run of small messages, as the session asks after every input.
+        var earliest = invitationsDeadline
+        // Each record is copied out to be read (a getter cannot read it in place; see
+        // `inPlace`): ``nextDeadlineInPlace()`` does not.
         var index = peers.values.startIndex
         while index != peers.values.endIndex {
-            consider(earliestDeadline(of: peers.values[index]))
+            Self.consider(earliestDeadline(of: peers.values[index]), for: &earliest)
             peers.values.formIndex(after: &index)
         }
         return earliest
+    }
+
+    /// ``nextDeadline``, each peer's record read where it lies: the getter copies every record
+    /// out to read it (each array and table in it retained, then released), and the session
+    /// asks after every input. The table is taken out of `self` while it is read (nothing that
+    /// reads a record's deadlines looks at the table), so it is the table's only owner and
+    /// reading a record in place copies nothing.
+    public mutating func nextDeadlineInPlace() -> Duration? {
+        var table = peers
+        peers = [:]
+        defer { peers = table }
+        var earliest = invitationsDeadline
+        func read(_ record: inout PeerRecord) -> Duration? { earliestDeadline(of: record) }
+        var index = table.values.startIndex
+        while index != table.values.endIndex {
+            Self.consider(read(&table.values[index]), for: &earliest)
+            table.values.formIndex(after: &index)
+        }
+        return earliest
+    }
+
+    /// The earliest deadline of the invitations, sent and received.
+    private var invitationsDeadline: Duration? {
+        var earliest: Duration?
+        for invitation in outgoing.values {
+            Self.consider(invitation.sentOn == nil ? invitation.deadline : invitation.deadline + policy.responseGrace, for: &earliest)
+        }
+        for invitation in incoming.values { Self.consider(invitation.deadline, for: &earliest) }
+        return earliest
+    }
+
+    /// Keeps the earlier of `deadline` and `earliest` in `earliest`.
+    @inline(__always)
+    private static func consider(_ deadline: Duration?, for earliest: inout Duration?) {
+        if let deadline, earliest.map({ deadline < $0 }) ?? true { earliest = deadline }
     }
 
     /// The earliest of `record`'s deadlines that ``nextDeadline`` counts, or nil.
