@@ -679,13 +679,12 @@ extension PeerSession {
     private func takeChunks(_ count: Int, from channel: PeerChannel, on id: LinkID, remote: PeerID) {
         let processed = apply(linksMayChange: false) { core, now -> ([SessionAction], (bytes: Int, partial: Int)?) in
             guard core.links[id]?.ended != true else { return ([], nil) }
-            var actions: [SessionAction] = []
-            var bytes = 0
-            for next in channel.takeDelivered(upTo: count) {
-                guard case .message(_, _, let chunk) = next else { continue }
-                actions += core.machine.frameReceived(next, on: id, from: remote, at: now)
-                bytes += chunk.count
+            // Only message chunks are delivered to the channel.
+            let chunks = channel.takeDelivered(upTo: count)
+            let bytes = chunks.reduce(0) { total, frame in
+                if case .message(_, _, let chunk) = frame { total + chunk.count } else { total }
             }
+            let actions = core.machine.framesReceived(chunks, on: id, from: remote, at: now)
             return (actions, (bytes, core.machine.partialMessageBytes(from: remote)))
         }
         if let processed { channel.chunkProcessed(processed.bytes, partialMessageBytes: processed.partial) }

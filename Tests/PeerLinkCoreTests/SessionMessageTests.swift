@@ -328,4 +328,34 @@ struct SessionMessageTests {
         #expect(net.machine(0).bufferedMessageBytes == 0)
         #expect(net.machine(0).bufferedMessageBytes(from: net.peer(1)) == 0)
     }
+
+    /// A run of frames taken in at once (as a session takes the chunks its links hand it) acts
+    /// exactly as the same frames one at a time: the same actions in the same order and the
+    /// same state after, a limit that closes the link in the middle of the run included.
+    @Test(arguments: [false, true])
+    func aRunOfFramesActsAsEachInTurn(overLimit: Bool) throws {
+        var net = try Self.connectedPair()
+        if overLimit { net.nodes[1].machine.partialMessageLimits = (perLink: 50_000, perSession: 60_000) }
+        for (index, size) in [10, 40_000, 0, 16_384, 70_000, 5].enumerated() {
+            try net.send(0, Self.bytes(size, seed: index), to: [1])
+        }
+        try net.send(0, Self.bytes(300, seed: 50), to: [1], reliable: false)
+        let (_, frames) = try Self.drain(&net, 0)
+        let link = try #require(net.machine(1).allLinks.first)
+        // A chunk of a message that never ends, as a peer breaking the limit would send.
+        let run = frames + [.message(id: 999, flags: .more, chunk: Self.bytes(16_384, seed: 7))] + frames.prefix(2)
+        var oneByOne = net.nodes[1].machine
+        var together = net.nodes[1].machine
+        var actionsOneByOne: [SessionAction] = []
+        for frame in run { actionsOneByOne += oneByOne.frameReceived(frame, on: link, at: net.now) }
+        let actionsTogether = together.framesReceived(run, on: link, at: net.now)
+        #expect(actionsTogether == actionsOneByOne)
+        #expect(actionsTogether.contains { if case .closeLink(link, .resourceLimit, _) = $0 { true } else { false } } == overLimit)
+        #expect(together.bufferedMessageBytes == oneByOne.bufferedMessageBytes)
+        #expect(together.nextDeadline == oneByOne.nextDeadline)
+        #expect(together.connectedPeers == oneByOne.connectedPeers)
+        let delivered = actionsTogether.filter { if case .event(.messageReceived) = $0 { true } else { false } }.count
+        // Every message (and the datagram), or those before the close.
+        #expect(overLimit ? delivered >= 1 : delivered >= 7, "\(delivered) messages delivered")
+    }
 }

@@ -607,13 +607,60 @@ public struct SessionStateMachine: Sendable {
     ///   closed already — a duplicate the tie-break dropped, a link being replaced — still counts.
     public mutating func frameReceived(_ frame: Frame, on link: LinkID, from peer: PeerID? = nil, at time: Duration) -> [SessionAction] {
         advance(to: time)
+        if let fingerprint = receive(frame, on: link, from: peer) {
+            settleAfterReceiving(frame, from: fingerprint, closedLink: closesLink(since: 0))
+        }
+        return takeActions()
+    }
+
+    /// ``frameReceived(_:on:from:at:)`` for each of `frames` in turn, with one list of actions
+    /// for them all: for a run of message chunks from one link, which the session takes in one
+    /// go. What the rules do after messages (announce frames queued for their peer) is done
+    /// once for a run of them from one peer, after its last; any other frame, or a message that
+    /// closed a link (over a limit), is settled at once, as on its own.
+    public mutating func framesReceived(_ frames: some Sequence<Frame>, on link: LinkID, from peer: PeerID? = nil, at time: Duration) -> [SessionAction] {
+        advance(to: time)
+        // The peer whose messages were taken in and not settled yet.
+        var unsettled: Fingerprint?
+        for frame in frames {
+            let before = actions.count
+            guard let fingerprint = receive(frame, on: link, from: peer) else { continue }
+            let closed = closesLink(since: before)
+            if let other = unsettled, other != fingerprint || closed || !frame.isMessage {
+                settle(movingMessagesOf: [other])
+                unsettled = nil
+            }
+            if frame.isMessage, !closed {
+                unsettled = fingerprint
+            } else {
+                settleAfterReceiving(frame, from: fingerprint, closedLink: closed)
+            }
+        }
+        if let unsettled { settle(movingMessagesOf: [unsettled]) }
+        return takeActions()
+    }
+
+    /// Whether an action taken since `actions[start]` closes a link.
+    private func closesLink(since start: Int) -> Bool {
+        actions[start...].contains { if case .closeLink = $0 { true } else { false } }
+    }
+
+    /// What the rules do after `frame` from `fingerprint`'s link was taken in.
+    private mutating func settleAfterReceiving(_ frame: Frame, from fingerprint: Fingerprint, closedLink: Bool) {
+        // After a message, unless a limit closed a link, the rules have no new business.
+        if frame.isMessage, !closedLink { settle(movingMessagesOf: [fingerprint]) } else { settle() }
+    }
+
+    /// Takes in `frame` (see ``frameReceived(_:on:from:at:)``), without settling: the peer it
+    /// came from, or nil when it is ignored (a link this side forgot, from a peer not known).
+    private mutating func receive(_ frame: Frame, on link: LinkID, from peer: PeerID?) -> Fingerprint? {
         let fingerprint: Fingerprint
         if let record = links[link] {
             fingerprint = record.peer
         } else if case .message = frame, let peer, peers.index(forKey: peer.fingerprint) != nil {
             fingerprint = peer.fingerprint
         } else {
-            return takeActions()
+            return nil
         }
         // Where a chunk that breaks a limit is answered: its link, or the peer's link now.
         // Records are read through an index taken once: `peers[key]!.field` copies the whole
@@ -669,15 +716,7 @@ public struct SessionStateMachine: Sendable {
         case .ping, .data, .windowUpdate, .ack:
             break
         }
-        switch frame {
-        case .message, .datagram:
-            // Unless a limit closed a link: the rules have no new business.
-            let closes = actions.contains { if case .closeLink = $0 { true } else { false } }
-            if closes { settle() } else { settle(movingMessagesOf: [fingerprint]) }
-        default:
-            settle()
-        }
-        return takeActions()
+        return fingerprint
     }
 
     /// The next frame to write on `link`, or nil when nothing waits for it (then the next
@@ -832,5 +871,15 @@ public struct SessionStateMachine: Sendable {
         }
         settle()
         return takeActions()
+    }
+}
+
+extension Frame {
+    /// A chunk of a reliable message, or an unreliable message.
+    fileprivate var isMessage: Bool {
+        switch self {
+        case .message, .datagram: true
+        default: false
+        }
     }
 }
