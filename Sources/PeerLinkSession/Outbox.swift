@@ -25,10 +25,22 @@ struct Outbox {
 
     private var pending: [Delivery] = []
     private var delivering = false
+    /// Counts the hand-overs of ``pending`` to a deliverer.
+    private var handOvers = 0
 
     /// Queues `delivery` (under the lock).
     mutating func add(_ delivery: @escaping Delivery) {
         pending.append(delivery)
+    }
+
+    /// Which delivery was queued last, as long as it has not been handed to a deliverer: a
+    /// producer that queued a delivery and reads the same mark later knows that delivery is
+    /// still the last one queued and has not run (it may add to what that delivery carries).
+    var mark: Mark { Mark(handOvers: handOvers, count: pending.count) }
+
+    struct Mark: Equatable {
+        let handOvers: Int
+        let count: Int
     }
 
     /// Under the lock, on the way out: whether the caller is to deliver now (something is
@@ -46,7 +58,10 @@ struct Outbox {
             delivering = false
             return nil
         }
-        defer { pending = [] }
+        defer {
+            pending = []
+            handOvers &+= 1
+        }
         return pending
     }
 }

@@ -368,8 +368,18 @@ extension PeerSession {
     }
 
     /// Yields `event` to ``events`` once the lock is released, in order (under the lock).
+    /// Queues `event` for the app, once the lock is released. Events reported one after another
+    /// (nothing else queued in between, none handed over yet: a run of messages from one link)
+    /// go to the app in one delivery, with one turn of its queue's lock.
     func report(_ event: PeerSessionEvent, in core: inout SessionCore) {
-        core.outbox.add { self.eventSink.yield(event) }
+        if let run = core.eventRun, run.mark == core.outbox.mark {
+            run.events.append(event)
+            return
+        }
+        let run = EventRun(event)
+        core.outbox.add { [eventSink] in eventSink.yield(contentsOf: run.events) }
+        run.mark = core.outbox.mark
+        core.eventRun = run
     }
 
     // MARK: - Incoming links

@@ -33,6 +33,8 @@ struct SessionCore: OutboxOwner {
 
     var machine: SessionStateMachine
     var phase = Phase.idle
+    /// The events ``PeerSession/report(_:in:)`` queued last, in one delivery.
+    var eventRun: EventRun?
     var links: [LinkID: LinkEntry] = [:]
     var nextLinkNumber = 1
     /// Link tasks running (registered and not yet unregistered).
@@ -160,4 +162,16 @@ package final class Latch: Sendable {
             state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
         }
     }
+}
+
+/// Events for the app queued as one delivery of the session's outbox. Added to under the
+/// session's lock while its delivery is the last one queued (its ``mark`` is the outbox's);
+/// read by that delivery, once the outbox handed it over (under the lock too), never again
+/// written then.
+final class EventRun: @unchecked Sendable {
+    var events: [PeerSessionEvent]
+    /// The outbox's mark right after this run's delivery was queued.
+    var mark: Outbox.Mark?
+
+    init(_ event: PeerSessionEvent) { events = [event] }
 }

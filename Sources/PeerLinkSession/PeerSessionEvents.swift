@@ -161,6 +161,24 @@ package final class EventQueue<Element: Sendable>: Sendable {
         return accepted
     }
 
+    /// Queues `elements` for the consumer, in order, with one turn of the lock; false if nobody
+    /// will take them.
+    @discardableResult
+    package func yield(contentsOf elements: [Element]) -> Bool {
+        guard !elements.isEmpty else { return true }
+        let (accepted, waiter) = state.withLock { state -> (Bool, UnsafeContinuation<[Element]?, Never>?) in
+            guard !state.finished, !state.terminated else { return (false, nil) }
+            if let waiter = state.waiter {
+                state.waiter = nil
+                return (true, waiter)
+            }
+            state.items.append(contentsOf: elements)
+            return (true, nil)
+        }
+        waiter?.resume(returning: elements)
+        return accepted
+    }
+
     /// Puts `events` (taken, not handed out: a consumer stopped iterating) back at the front,
     /// for the consumer's next iteration; dropped if the consumer is gone (cancelled).
     func putBack(_ events: ArraySlice<Element>) {

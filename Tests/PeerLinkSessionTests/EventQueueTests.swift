@@ -40,6 +40,25 @@ struct EventQueueTests {
         #expect(runs.withLock { $0 } <= 1100 / 16, "\(runs.withLock { $0 }) runs told for 1100 events")
     }
 
+    @Test("a run of events yielded at once comes out in order, between single ones, and wakes a waiting consumer with all of it")
+    func yieldingARun() async {
+        let queue = EventQueue<Int>()
+        let events = EventSequence(queue: queue, taken: { _ in })
+        let consumer = Task {
+            var seen: [Int] = []
+            for await value in events { seen.append(value) }
+            return seen
+        }
+        await Self.untilWaiting(queue)
+        #expect(queue.yield(contentsOf: [0, 1, 2]))
+        queue.yield(3)
+        #expect(queue.yield(contentsOf: []))
+        #expect(queue.yield(contentsOf: [4, 5]))
+        queue.finish()
+        #expect(!queue.yield(contentsOf: [6]), "a run after the end is refused")
+        #expect(await consumer.value == [0, 1, 2, 3, 4, 5])
+    }
+
     @Test("heavy events are told sooner: at most 64 KiB of them untold")
     func heavyEventsToldSooner() async {
         let queue = EventQueue<Int>()
