@@ -158,6 +158,12 @@ extension PeerChannel {
         stream id: UInt32, waitsForRoom: Bool = false,
         _ poll: (inout State) throws(PeerLinkError) -> T?
     ) async throws -> T {
+        // Most calls find their value at once (data to read, credit and room to write): no
+        // continuation, no cancellation handler, no suspension. (A value found is returned
+        // whether or not the task is cancelled, as below.)
+        if let value = try state.withLockThenDeliver({ state throws(PeerLinkError) in try poll(&state) }) {
+            return value
+        }
         while true {
             let key = state.withLock { state -> Int in
                 state.nextStreamWaiter += 1
