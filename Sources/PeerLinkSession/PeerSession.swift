@@ -343,6 +343,11 @@ public final class PeerSession: Sendable {
     /// that finds its peer's small lane full is dropped and counted
     /// (``ConnectedPeerInfo/droppedDatagrams``).
     ///
+    /// A message arrives whole, as one array of its size: for bulk data of a MiB or more a
+    /// ``PeerStream`` (or a file) is read in 16 KiB pieces instead, and an app that does send
+    /// such messages in a stream of them may want glibc to keep freed memory (the Performance
+    /// article, *Large messages and glibc's heap*).
+    ///
     /// - Throws: a ``PeerLinkCore/PeerLinkError``: `notConnected` when any target is not connected
     ///   (then nothing is sent to anyone), `invalidParameter` (no peers, itself, too large).
     public func send(_ data: [UInt8], to peers: [PeerID], reliable: Bool = true) async throws {
