@@ -377,7 +377,7 @@ extension PeerSession {
             return
         }
         let run = EventRun(event)
-        core.outbox.add { [eventSink] in eventSink.yield(contentsOf: run.events) }
+        core.outbox.add { [eventSink] in eventSink.yield(contentsOf: run.take()) }
         run.mark = core.outbox.mark
         core.eventRun = run
     }

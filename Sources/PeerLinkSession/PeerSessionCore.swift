@@ -166,12 +166,19 @@ package final class Latch: Sendable {
 
 /// Events for the app queued as one delivery of the session's outbox. Added to under the
 /// session's lock while its delivery is the last one queued (its ``mark`` is the outbox's);
-/// read by that delivery, once the outbox handed it over (under the lock too), never again
-/// written then.
+/// taken by that delivery once the outbox handed it over (under the lock too), after which
+/// nothing adds to it. Taken, not read: the session keeps the last run, and must not keep a
+/// message the app is done with.
 final class EventRun: @unchecked Sendable {
     var events: [PeerSessionEvent]
     /// The outbox's mark right after this run's delivery was queued.
     var mark: Outbox.Mark?
 
     init(_ event: PeerSessionEvent) { events = [event] }
+
+    /// The events, leaving none.
+    func take() -> [PeerSessionEvent] {
+        defer { events = [] }
+        return events
+    }
 }
