@@ -16,6 +16,23 @@ func attachChannel(to link: Link, local: Identity, log: TestLog) async throws ->
     return (channel, streams)
 }
 
+/// Opens a stream named "bulk" on `channel`, whose link has `peer` at its other end: waits for
+/// the stream's `SYN` there and answers it with an accept that grants `credit`.
+func openBulkStream(on channel: PeerChannel, to peer: inout RawPeer, credit: Int) async throws -> PeerStream {
+    let opening = Task { try await channel.openStream(named: "bulk") }
+    while !peer.frames.contains(where: { if case .data = $0 { true } else { false } }) {
+        try #require(await peer.readOnce(), "the link ended: \(String(describing: peer.events.last))")
+    }
+    guard case .data(let id, .syn, let name)? = peer.frames.first(where: { if case .data = $0 { true } else { false } }) else {
+        opening.cancel()
+        Issue.record("expected a SYN, got \(peer.events)")
+        throw CancellationError()
+    }
+    #expect(name == Array("bulk".utf8))
+    try await peer.send(.windowUpdate(stream: id, flags: .ack, credit: UInt32(credit)))
+    return try await opening.value
+}
+
 @Suite("Link streams against a peer driven by hand", .timeLimit(.minutes(1)))
 struct LinkStreamTests {
     /// A link that listens ("Bo") on the in-memory transport, and the dialled end of its
@@ -43,7 +60,7 @@ struct LinkStreamTests {
     }
 
     @Test("a 64 KiB write on a stream with credit goes out in writes of two frames, not one write per frame")
-    func streamWriteIsOneTransportWrite() async throws {
+    func streamWriteGoesOutInBatches() async throws {
         let log = TestLog()
         // Room for the whole write in the transport: how many writes it takes is the link's doing.
         let (listener, dialed, server, link, linkEnd) = try await Self.listeningLinkAndItsEnd(log: log, bufferCapacity: 1 << 20)
@@ -54,16 +71,7 @@ struct LinkStreamTests {
             var peer = RawPeer(dialed, name: "Reader", expecting: server)
             #expect(try await peer.handshake())
             let (channel, _) = try await attachChannel(to: link, local: server, log: log)
-            let opening = Task { try await channel.openStream(named: "bulk") }
-            while !peer.frames.contains(where: { if case .data = $0 { true } else { false } }) {
-                try #require(await peer.readOnce(), "the link ended: \(String(describing: peer.events.last))")
-            }
-            guard case .data(let id, .syn, _)? = peer.frames.first(where: { if case .data = $0 { true } else { false } }) else {
-                Issue.record("expected a SYN, got \(peer.events)")
-                return
-            }
-            try await peer.send(.windowUpdate(stream: id, flags: .ack, credit: 1 << 20))
-            let stream = try await opening.value
+            let stream = try await openBulkStream(on: channel, to: &peer, credit: 1 << 20)
 
             // Eight writes of 64 KiB, each read to the end before the next: how many transport
             // writes each took does not depend on a writer still busy with the one before.
@@ -210,18 +218,9 @@ struct LinkSchedulingTests {
             var peer = RawPeer(dialed, name: "Reader", expecting: server)
             #expect(try await peer.handshake())
             let (channel, _) = try await attachChannel(to: link, local: server, log: log)
-            let opening = Task { try await channel.openStream(named: "bulk") }
             // The SYN, then an accept with credit for the whole transfer.
-            while !peer.frames.contains(where: { if case .data = $0 { true } else { false } }) { try #require(await peer.readOnce(), "the link ended: \(String(describing: peer.events.last))") }
-            guard case .data(let id, .syn, let name)? = peer.frames.first(where: { if case .data = $0 { true } else { false } }) else {
-                Issue.record("expected a SYN, got \(peer.events)")
-                dialed.close()
-                return
-            }
-            #expect(name == Array("bulk".utf8))
             let total = 4 << 20
-            try await peer.send(.windowUpdate(stream: id, flags: .ack, credit: UInt32(total)))
-            let stream = try await opening.value
+            let stream = try await openBulkStream(on: channel, to: &peer, credit: total)
             group.addTask {
                 // Ends when the test resets the stream.
                 let error = await #expect(throws: PeerLinkError.self) {
