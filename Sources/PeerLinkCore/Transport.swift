@@ -24,6 +24,11 @@ public protocol LinkChannel: AnyObject, Sendable {
     func writeNow(_ bytes: [UInt8]) throws -> Int
     /// Closes both directions; a pending read returns or throws. Idempotent.
     func close()
+    /// The most bytes a link's writer seals and hands to one write on this channel. Larger
+    /// batches cost fewer system calls per byte of a bulk transfer; smaller ones keep what a
+    /// message queued during one waits behind short on a slow transport. The default (two full
+    /// frames, 32 KiB) suits Bluetooth; TCP takes more.
+    var writeBatchLimit: Int { get }
 }
 
 extension LinkChannel {
@@ -33,6 +38,9 @@ extension LinkChannel {
     }
 
     public func writeNow(_ bytes: [UInt8]) throws -> Int { 0 }
+
+    /// Two full frames (32 KiB).
+    public var writeBatchLimit: Int { 2 * WireFormat.maxFramePayload }
 }
 
 /// A transport's dialer: turns an endpoint of its kinds into a ``LinkChannel``.

@@ -93,9 +93,9 @@ public final class Link: Sendable {
     public let closeTimeout: Duration
     /// How many bytes of the link's own frames may wait to be written before ``send(_:)`` waits.
     public let maxQueuedBytes: Int
-    /// The most bytes the writer seals and writes at once: what a message that arrives during a
-    /// bulk transfer may wait behind (besides what the kernel holds).
-    static let batchLimit = 2 * WireFormat.maxFramePayload
+    /// The most bytes the writer seals and writes at once: the channel's
+    /// ``PeerLinkCore/LinkChannel/writeBatchLimit``, at least one full frame.
+    let batchLimit: Int
     /// How long one write of at most ``batchLimit`` bytes may wait for the transport to take it
     /// (``ResourceLimits/writeProgressTimeout``) before the link is closed with code 11: a peer
     /// that stops reading cannot hold the link, its descriptor and its queue for ever.
@@ -130,6 +130,7 @@ public final class Link: Sendable {
         self.role = role
         self.closeTimeout = closeTimeout
         self.maxQueuedBytes = max(1, maxQueuedBytes)
+        batchLimit = max(WireFormat.maxFramePayload, channel.writeBatchLimit)
         self.clock = LinkClock(clock)
         writeProgressTimeout = policy.limits.writeProgressTimeout
         var logger = logger
@@ -457,14 +458,14 @@ public final class Link: Sendable {
             do {
                 // Pieces of at most batchLimit bytes, each with its own write deadline: what was
                 // sealed before a close may be more.
-                var offset = batch.count > Self.batchLimit ? 0 : batch.count
+                var offset = batch.count > batchLimit ? 0 : batch.count
                 while offset < batch.count {
-                    let end = min(offset + Self.batchLimit, batch.count)
+                    let end = min(offset + batchLimit, batch.count)
                     try await channel.write(Array(batch[offset..<end]))
                     offset = end
                     if offset < batch.count { state.withLock { $0.writeStartedAt = clock.now() } }
                 }
-                if batch.count <= Self.batchLimit { try await channel.write(batch) }
+                if batch.count <= batchLimit { try await channel.write(batch) }
             } catch {
                 channelFailed(error)
                 break
@@ -1107,12 +1108,12 @@ public final class Link: Sendable {
         guard !state.writerDone else { return nil }
         var size = state.queue.reduce(0) { $0 + $1.count }
         var frames: [(frame: Frame, sequence: UInt64?)] = []
-        while size < Self.batchLimit, state.closure == nil, let frame = state.scheduler.next() {
+        while size < batchLimit, state.closure == nil, let frame = state.scheduler.next() {
             size += FrameScheduler.size(of: frame)
             frames.append((frame, nil))
         }
-        if let channel = state.channel, state.closure == nil, size < Self.batchLimit {
-            for (frame, sequence) in channel.take(for: self, limit: Self.batchLimit - size, at: clock.now()) {
+        if let channel = state.channel, state.closure == nil, size < batchLimit {
+            for (frame, sequence) in channel.take(for: self, limit: batchLimit - size, at: clock.now()) {
                 size += FrameScheduler.size(of: frame)
                 frames.append((frame, sequence))
             }

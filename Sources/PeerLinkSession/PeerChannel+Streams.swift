@@ -251,8 +251,8 @@ extension PeerChannel {
 
     /// Queues `bytes` on stream `id` in frames of at most ``WireFormat/maxFramePayload``, as
     /// many at each turn of the lock as credit and room allow, and wakes the writer once for
-    /// them: a 64 KiB write goes to the socket in the writer's batches (two), not a system call
-    /// per frame.
+    /// them: a 64 KiB write goes to the socket in the writer's batches (two of the default 32 KiB,
+    /// one over TCP), not a system call per frame.
     func writeStream(_ id: UInt32, _ bytes: [UInt8]) async throws {
         var written = 0
         repeat {

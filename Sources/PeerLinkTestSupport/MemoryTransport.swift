@@ -22,6 +22,8 @@ import PeerLinkCore
 public final class MemoryNetwork: Sendable {
     /// How many bytes each direction of a connection holds before writers wait.
     public let bufferCapacity: Int
+    /// The ``PeerLinkCore/LinkChannel/writeBatchLimit`` of its channels (nil: the default).
+    public let writeBatchLimit: Int?
 
     private struct State {
         var listeners: [String: MemoryListener] = [:]
@@ -32,8 +34,9 @@ public final class MemoryNetwork: Sendable {
 
     private let state = Locked(State())
 
-    public init(bufferCapacity: Int = 64 * 1024) {
+    public init(bufferCapacity: Int = 64 * 1024, writeBatchLimit: Int? = nil) {
         self.bufferCapacity = max(1, bufferCapacity)
+        self.writeBatchLimit = writeBatchLimit
     }
 
     /// A transport that dials this network's listeners.
@@ -102,9 +105,12 @@ public final class MemoryNetwork: Sendable {
             let connection = MemoryConnection(capacity: bufferCapacity)
             state.connections[name, default: []].removeAll { $0.isFinished }
             state.connections[name, default: []].append(connection)
-            let dialer = MemoryChannel(connection: connection, side: 0, kind: kind, remoteDescription: "\(kind)://\(name)")
+            let dialer = MemoryChannel(
+                connection: connection, side: 0, kind: kind, remoteDescription: "\(kind)://\(name)",
+                writeBatchLimit: writeBatchLimit)
             let accepted = MemoryChannel(
-                connection: connection, side: 1, kind: kind, remoteDescription: "\(kind)://\(name)/dialer-\(state.dialCount)")
+                connection: connection, side: 1, kind: kind, remoteDescription: "\(kind)://\(name)/dialer-\(state.dialCount)",
+                writeBatchLimit: writeBatchLimit)
             guard listener.enqueue(accepted) else {
                 throw PeerLinkError.nothingListens("nothing listens at \(kind)://\(name): is the peer still running?")
             }
@@ -230,13 +236,21 @@ public final class MemoryChannel: LinkChannel {
     private let connection: MemoryConnection
     private let side: Int
     private let writes = Locked(0)
+    private let batchLimit: Int?
 
-    init(connection: MemoryConnection, side: Int, kind: TransportKind = .memory, remoteDescription: String) {
+    init(
+        connection: MemoryConnection, side: Int, kind: TransportKind = .memory, remoteDescription: String,
+        writeBatchLimit: Int? = nil
+    ) {
         self.connection = connection
         self.side = side
         self.kind = kind
         self.remoteDescription = remoteDescription
+        batchLimit = writeBatchLimit
     }
+
+    /// The network's ``MemoryNetwork/writeBatchLimit``, else the default (32 KiB).
+    public var writeBatchLimit: Int { batchLimit ?? 2 * WireFormat.maxFramePayload }
 
     public func read() async throws -> [UInt8] {
         try await connection.read(side: side, description: remoteDescription)

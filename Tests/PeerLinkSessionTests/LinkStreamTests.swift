@@ -46,9 +46,9 @@ struct LinkStreamTests {
 
     /// ``listeningLink(log:bufferCapacity:)``, and the link's own end of the connection.
     static func listeningLinkAndItsEnd(
-        log: TestLog, bufferCapacity: Int = 64 * 1024
+        log: TestLog, bufferCapacity: Int = 64 * 1024, writeBatchLimit: Int? = nil
     ) async throws -> (any TransportListener, any LinkChannel, Identity, Link, MemoryChannel) {
-        let network = MemoryNetwork(bufferCapacity: bufferCapacity)
+        let network = MemoryNetwork(bufferCapacity: bufferCapacity, writeBatchLimit: writeBatchLimit)
         let listener = try network.listen(name: "bo")
         let dialed = try await network.transport.dial(.memory(name: "bo"), timeout: .seconds(1))
         let accepted = try #require(try await listener.accept() as? MemoryChannel)
@@ -59,11 +59,14 @@ struct LinkStreamTests {
         return (listener, dialed, server, link, accepted)
     }
 
-    @Test("a 64 KiB write on a stream with credit goes out in writes of two frames, not one write per frame")
-    func streamWriteGoesOutInBatches() async throws {
+    @Test(
+        "a 64 KiB write on a stream with credit goes out in the channel's write batches (two frames by default, eight over TCP), not one write per frame",
+        arguments: [(nil, 2), (8 * WireFormat.maxFramePayload, 1)] as [(Int?, Int)])
+    func streamWriteGoesOutInBatches(writeBatchLimit: Int?, writesEach: Int) async throws {
         let log = TestLog()
         // Room for the whole write in the transport: how many writes it takes is the link's doing.
-        let (listener, dialed, server, link, linkEnd) = try await Self.listeningLinkAndItsEnd(log: log, bufferCapacity: 1 << 20)
+        let (listener, dialed, server, link, linkEnd) = try await Self.listeningLinkAndItsEnd(
+            log: log, bufferCapacity: 1 << 20, writeBatchLimit: writeBatchLimit)
         defer { listener.close() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             defer { dialed.close() }
@@ -90,9 +93,10 @@ struct LinkStreamTests {
                 writes.append(linkEnd.writeCount - before)
             }
             #expect(received == rounds * size)
-            // The writer seals at most two frames at once (what a message may wait behind, see
-            // `LinkSchedulingTests`): two writes for each, where a wake-up per frame made up to four.
-            #expect(writes.allSatisfy { $0 <= 2 }, "64 KiB stream writes went out in \(writes) transport writes")
+            // The writer seals at most the channel's batch limit at once (by default two frames,
+            // what a message may wait behind, see `LinkSchedulingTests`): two writes for each, or
+            // one with eight frames to a batch, where a wake-up per frame made up to four.
+            #expect(writes.allSatisfy { $0 <= writesEach }, "64 KiB stream writes went out in \(writes) transport writes")
             stream.reset(reason: "enough")
             dialed.close()
             try await group.waitForAll()
@@ -195,11 +199,13 @@ struct LinkStreamTests {
 
 @Suite("Link scheduling: bulk stream data never holds up a message", .timeLimit(.minutes(1)))
 struct LinkSchedulingTests {
-    @Test("a message queued during a bulk transfer goes out behind at most two frames of stream data")
-    func messageOvertakesBulkData() async throws {
+    @Test(
+        "a message queued during a bulk transfer goes out behind at most one write batch of stream data (two frames by default, eight over TCP)",
+        arguments: [(nil, 2), (8 * WireFormat.maxFramePayload, 8)] as [(Int?, Int)])
+    func messageOvertakesBulkData(writeBatchLimit: Int?, framesAhead: Int) async throws {
         let log = TestLog()
         // A small pipe: what is written waits in the link's queues, not in the transport.
-        let network = MemoryNetwork(bufferCapacity: 4096)
+        let network = MemoryNetwork(bufferCapacity: 4096, writeBatchLimit: writeBatchLimit)
         let listener = try network.listen(name: "bo")
         defer { listener.close() }
         let dialed = try await network.transport.dial(.memory(name: "bo"), timeout: .seconds(1))
@@ -243,7 +249,7 @@ struct LinkSchedulingTests {
             }
             try await sending.value
             let overtaken = peer.frames[before...].count { if case .data = $0 { true } else { false } }
-            #expect(overtaken <= 2, "\(overtaken) DATA frames went out after the message was queued")
+            #expect(overtaken <= framesAhead, "\(overtaken) DATA frames went out after the message was queued")
             #expect(channel.dataQueueCounts.peak <= channel.maxQueuedDataBytes)
             stream.reset(reason: "enough")
             dialed.close()
