@@ -1,5 +1,6 @@
 import Foundation
 import PeerLink
+import Synchronization
 
 /// One session of the benchmark, with its events consumed in a task of its own: it counts bulk
 /// bytes, echoes pings, answers pongs, and records who is connected.
@@ -11,11 +12,18 @@ final class BenchPeer: Sendable {
     let session: PeerSession
     let listeners: [any TransportListener]
     private let state = Locked(State())
+    /// Bulk bytes received, counted without a lock: the sender's loop reads it before every
+    /// message, and the consumer adds to it for every message. A lock for each (as until
+    /// 2026-11-27) made the two threads hand it to each other, a cost the raw baselines, which
+    /// count what one `recv` returned, do not pay.
+    private let received = Atomic<Int>(0)
+    /// Callers of ``wait(until:)`` not resumed yet: only while there are any does adding bytes
+    /// take the lock to look at them.
+    private let waiting = Atomic<Int>(0)
 
     private struct State {
-        var bytes = 0
         var connected: Set<PeerID> = []
-        var waiters: [(check: @Sendable (State) -> Bool, continuation: CheckedContinuation<Void, Never>)] = []
+        var waiters: [(check: @Sendable (State, _ bytes: Int) -> Bool, continuation: CheckedContinuation<Void, Never>)] = []
         var pong: CheckedContinuation<Void, Never>?
         /// A pong arrived before its ping's sender waited for it.
         var pongArrived = false
@@ -70,9 +78,7 @@ final class BenchPeer: Sendable {
                 await withTaskGroup(of: Void.self) { readers in
                     for await stream in self.session.incomingStreams {
                         readers.addTask {
-                            while let chunk = try? await stream.read() {
-                                self.update { $0.bytes += chunk.count }
-                            }
+                            while let chunk = try? await stream.read() { self.add(bytes: chunk.count) }
                         }
                     }
                 }
@@ -101,32 +107,48 @@ final class BenchPeer: Sendable {
                 }
                 waiting?.resume()
             default:
-                update { $0.bytes += data.count }
+                add(bytes: data.count)
             }
         default:
             break
         }
     }
 
+    /// Counts `bytes` of bulk data; looks at the waiters only when there are any. (Sequentially
+    /// consistent on both sides: a waiter counts itself in and then reads the bytes, this adds
+    /// the bytes and then reads the count, so one of the two sees the other.)
+    private func add(bytes: Int) {
+        received.add(bytes, ordering: .sequentiallyConsistent)
+        if waiting.load(ordering: .sequentiallyConsistent) > 0 { update { _ in } }
+    }
+
     private func update(_ body: (inout State) -> Void) {
         let ready = state.withLock { state -> [CheckedContinuation<Void, Never>] in
             body(&state)
-            let snapshot = state
+            let bytes = received.load(ordering: .sequentiallyConsistent)
+            var waiters = state.waiters
+            state.waiters = []
             var ready: [CheckedContinuation<Void, Never>] = []
-            state.waiters.removeAll { waiter in
-                guard waiter.check(snapshot) else { return false }
+            waiters.removeAll { waiter in
+                guard waiter.check(state, bytes) else { return false }
                 ready.append(waiter.continuation)
                 return true
             }
+            state.waiters = waiters
+            waiting.subtract(ready.count, ordering: .sequentiallyConsistent)
             return ready
         }
         for continuation in ready { continuation.resume() }
     }
 
-    private func wait(until check: @escaping @Sendable (State) -> Bool) async {
+    private func wait(until check: @escaping @Sendable (State, _ bytes: Int) -> Bool) async {
         await withCheckedContinuation { continuation in
             let now = state.withLock { state -> Bool in
-                if check(state) { return true }
+                waiting.add(1, ordering: .sequentiallyConsistent)
+                if check(state, received.load(ordering: .sequentiallyConsistent)) {
+                    waiting.subtract(1, ordering: .sequentiallyConsistent)
+                    return true
+                }
                 state.waiters.append((check, continuation))
                 return false
             }
@@ -135,11 +157,11 @@ final class BenchPeer: Sendable {
     }
 
     /// Waits until at least `count` bulk bytes in all have arrived.
-    func waitForBytes(_ count: Int) async { await wait { $0.bytes >= count } }
-    var bytesReceived: Int { state.withLock { $0.bytes } }
+    func waitForBytes(_ count: Int) async { await wait { _, bytes in bytes >= count } }
+    var bytesReceived: Int { received.load(ordering: .sequentiallyConsistent) }
 
     /// Waits until `count` peers are connected.
-    func waitForConnected(_ count: Int) async { await wait { $0.connected.count >= count } }
+    func waitForConnected(_ count: Int) async { await wait { state, _ in state.connected.count >= count } }
 
     /// One ping to `peer` and its pong: the round trip time. The ping is sent from the calling
     /// task, as an app would send it (no task of its own per ping, a cost the raw echo does not
