@@ -194,6 +194,7 @@ extension PeerSession {
         var effects: [Effect] = []
         // links with frames announced whose write loop waits for them
         var idleWriters: [LinkID] = []
+        var tally = MessageTally()
         for action in actions {
             switch action {
             case .dial(let peer, let endpoints):
@@ -229,9 +230,10 @@ extension PeerSession {
                 }
                 effects.append(.close(entry.link, code: code, reason: reason, linger: linger, drainingFor: draining))
             case .event(let event):
-                emit(event, in: &core)
+                emit(event, in: &core, tally: &tally)
             }
         }
+        tally.flush()
         if linksMayChange { syncChannels(&core) }
         for id in idleWriters where !takeFramesForIdleWriter(id, in: &core) {
             core.wakeWriter(id, returning: true)
@@ -323,7 +325,7 @@ extension PeerSession {
 
     /// Tells the app: logs under the lock, yields through the outbox (so events keep the order
     /// the state machine gave them).
-    private func emit(_ event: SessionEvent, in core: inout SessionCore) {
+    private func emit(_ event: SessionEvent, in core: inout SessionCore, tally: inout MessageTally) {
         switch event {
         case .peerStateChanged(let peer, let state, let reason):
             var metadata = peerMetadata(peer)
@@ -354,7 +356,13 @@ extension PeerSession {
             logger.trace(
                 "message received",
                 metadata: peerMetadata(peer).merging(["bytes": "\(data.count)", "reliable": "\(reliable)"], uniquingKeysWith: { $1 }))
-            guard queueMessage(from: peer, bytes: data.count, reliable: reliable, in: &core) else { return }
+            if reliable {
+                tally.add(data.count, from: peer, in: core)
+            } else {
+                // Dropped or not by what is counted so far.
+                tally.flush()
+                guard queueDatagram(from: peer, bytes: data.count, in: &core) else { return }
+            }
             report(.message(from: peer, data: data, reliable: reliable), in: &core)
         case .linkChanged(let peer, let id):
             guard let link = core.links[id]?.link else { return }

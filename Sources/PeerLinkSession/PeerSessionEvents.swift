@@ -250,15 +250,43 @@ package final class EventQueue<Element: Sendable>: Sendable {
 public typealias PeerSessionEvents = EventSequence<PeerSessionEvent>
 
 extension PeerSession {
-    /// A message event is about to wait for the app: counted on its peer's channel (which holds
-    /// the peer back once it is over its limit). False for an unreliable message dropped instead.
-    func queueMessage(from peer: PeerID, bytes: Int, reliable: Bool, in core: inout SessionCore) -> Bool {
+    /// An unreliable message is about to wait for the app: counted on its peer's channel (which
+    /// holds the peer back once it is over its limit). False when it is dropped instead, the peer
+    /// being over the limit. (Reliable messages are counted in runs, ``MessageTally``.)
+    func queueDatagram(from peer: PeerID, bytes: Int, in core: inout SessionCore) -> Bool {
         guard let channel = core.channels[peer.fingerprint] else { return true }
-        guard channel.messageQueued(bytes: bytes, reliable: reliable) else {
+        guard channel.messageQueued(bytes: bytes, reliable: false) else {
             core.droppedIncomingDatagrams += 1
             return false
         }
         return true
+    }
+
+    /// Reliable messages from one peer reported in a row (a run from its link), counted on the
+    /// peer's channel at once when the run ends: one look-up and one turn of the channel's lock
+    /// for the run, not one for each message. Flushed before an unreliable message is counted
+    /// (whether it is dropped depends on what came before) and before the actions are done.
+    struct MessageTally {
+        private var peer: Fingerprint?
+        private var channel: PeerChannel?
+        private var bytes = 0
+
+        mutating func add(_ count: Int, from peer: PeerID, in core: SessionCore) {
+            if peer.fingerprint != self.peer {
+                flush()
+                self.peer = peer.fingerprint
+                channel = core.channels[peer.fingerprint]
+            }
+            bytes += count
+        }
+
+        /// Counts what was added on the channel (reliable messages are never dropped).
+        mutating func flush() {
+            if let channel, bytes > 0 { _ = channel.messageQueued(bytes: bytes, reliable: true) }
+            peer = nil
+            channel = nil
+            bytes = 0
+        }
     }
 
     /// The app took `events` from ``events``: their messages' bytes are uncounted on their
