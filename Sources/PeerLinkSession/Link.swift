@@ -424,7 +424,8 @@ public final class Link: Sendable {
                 break
             }
             let logs = state.withLockThenDeliver { state in
-                apply(state.machine.receive(bytes, at: clock.now()), to: &state, from: .read)
+                let now = clock.now()
+                return apply(state.machine.receive(bytes, at: now), to: &state, from: .read, at: now)
             }
             emit(logs)
         }
@@ -706,8 +707,11 @@ public final class Link: Sendable {
     /// Carries out the state machine's outputs (under the lock): queues sends, reports the
     /// handshake, yields frames, records the closure. Returns what to log. What wakes a task or
     /// reaches ``events`` goes through the outbox, in order.
-    func apply(_ outputs: [LinkOutput], to state: inout State, from source: Source) -> [LogEntry] {
+    /// `now`: the time the outputs were made at, if the caller read the clock already.
+    func apply(_ outputs: [LinkOutput], to state: inout State, from source: Source, at now: Duration? = nil) -> [LogEntry] {
         var logs: [LogEntry] = []
+        // One reading of the clock for the frames among them (they came in with one read).
+        var arrival = now
         for output in outputs {
             switch output {
             case .send(let bytes):
@@ -726,11 +730,13 @@ public final class Link: Sendable {
                         metadata: state.peerMetadata.merging(
                             ["link.encrypted": "\(encrypted)", "link.version": "\(version)"], uniquingKeysWith: { $1 })))
             case .frame(.ack(let through)):
-                logs += route(.acknowledgment(through), in: &state)
+                logs += route(.acknowledgment(through), at: .zero, in: &state)
             case .frame(let frame):
                 queueEvent(.frame(frame), in: &state)
             case .sequenced(let frame, let sequence):
-                logs += route(.sequenced(frame, sequence), in: &state)
+                let now = arrival ?? clock.now()
+                arrival = now
+                logs += route(.sequenced(frame, sequence), at: now, in: &state)
             case .closed(let code, let reason, let byPeer):
                 let closure = makeClosure(code: code, reason: reason, byPeer: byPeer, source: source, state: state)
                 state.closure = closure
@@ -861,7 +867,8 @@ public final class Link: Sendable {
                 state.outbox.add { waiter.resume() }
             }
             var logs: [LogEntry] = []
-            for input in early { logs += route(input, in: &state) }
+            let now = clock.now()
+            for input in early { logs += route(input, at: now, in: &state) }
             state.outbox.add { channel.deliverPending() }
             wakeWriter(&state)
             return logs
@@ -885,8 +892,9 @@ public final class Link: Sendable {
         }
     }
 
-    /// Hands input to the channel (under the lock), or keeps it until one is attached.
-    private func route(_ input: ChannelInput, in state: inout State) -> [LogEntry] {
+    /// Hands input to the channel (under the lock), or keeps it until one is attached. `now`:
+    /// when a sequenced frame arrived (an acknowledgement needs no time).
+    private func route(_ input: ChannelInput, at now: Duration, in state: inout State) -> [LogEntry] {
         guard let channel = state.channel else {
             let size: Int
             switch input {
@@ -914,7 +922,7 @@ public final class Link: Sendable {
             }
             return []
         case .sequenced(let frame, let sequence):
-            switch channel.receive(frame, sequence: sequence, on: self, at: clock.now()) {
+            switch channel.receive(frame, sequence: sequence, on: self, at: now) {
             case .deliver(let frame):
                 queueEvent(.frame(frame), in: &state)
             case .handled, .dropped:
@@ -1106,6 +1114,7 @@ public final class Link: Sendable {
     /// fit (many small messages share a record). Marks the writer busy.
     private func takeBatch(_ state: inout State) -> [UInt8]? {
         guard !state.writerDone else { return nil }
+        let now = clock.now()
         var size = state.queue.reduce(0) { $0 + $1.count }
         var frames: [(frame: Frame, sequence: UInt64?)] = []
         while size < batchLimit, state.closure == nil, let frame = state.scheduler.next() {
@@ -1113,13 +1122,13 @@ public final class Link: Sendable {
             frames.append((frame, nil))
         }
         if let channel = state.channel, state.closure == nil, size < batchLimit {
-            for (frame, sequence) in channel.take(for: self, limit: batchLimit - size, at: clock.now()) {
+            for (frame, sequence) in channel.take(for: self, limit: batchLimit - size, at: now) {
                 size += FrameScheduler.size(of: frame)
                 frames.append((frame, sequence))
             }
             state.outbox.add { channel.deliverPending() }
         }
-        seal(frames, in: &state)
+        seal(frames, at: now, in: &state)
         guard !state.queue.isEmpty else { return nil }
         var batch: [UInt8]
         if state.queue.count == 1 {
@@ -1132,7 +1141,7 @@ public final class Link: Sendable {
         }
         state.queue = []
         state.writerBusy = true
-        state.writeStartedAt = clock.now()
+        state.writeStartedAt = now
         // the ticker watches this write from now on
         if state.tickerArmed, let armed = state.tickerDeadline, armed > state.writeStartedAt! + writeProgressTimeout {
             wakeTicker(&state)
@@ -1143,10 +1152,10 @@ public final class Link: Sendable {
     }
 
     /// Seals frames (sequenced ones with their numbers) onto the queue, packed into records.
-    private func seal(_ frames: [(frame: Frame, sequence: UInt64?)], in state: inout State) {
+    private func seal(_ frames: [(frame: Frame, sequence: UInt64?)], at now: Duration, in state: inout State) {
         guard !frames.isEmpty else { return }
         do throws(WireError) {
-            let logs = apply(try state.machine.send(frames, at: clock.now()), to: &state, from: .send)
+            let logs = apply(try state.machine.send(frames, at: now), to: &state, from: .send)
             if !logs.isEmpty { state.outbox.add { self.emit(logs) } }
         } catch {
             // Unreachable: frames are taken only once the link is established.
@@ -1162,13 +1171,14 @@ public final class Link: Sendable {
         while let frame = state.scheduler.next() { frames.append((frame, nil)) }
         // and what the channel has for this link (when it is the active one), so what was sent
         // before a close goes out before it
+        let now = clock.now()
         if let channel = state.channel {
-            for (frame, sequence) in channel.take(for: self, limit: .max, at: clock.now(), final: true) {
+            for (frame, sequence) in channel.take(for: self, limit: .max, at: now, final: true) {
                 frames.append((frame, sequence))
             }
             state.outbox.add { channel.deliverPending() }
         }
-        seal(frames, in: &state)
+        seal(frames, at: now, in: &state)
     }
 }
 
