@@ -712,6 +712,8 @@ public final class Link: Sendable {
         var logs: [LogEntry] = []
         // One reading of the clock for the frames among them (they came in with one read).
         var arrival = now
+        // One delivery of the channel's pending work for all of them.
+        var channelDelivery = false
         for output in outputs {
             switch output {
             case .send(let bytes):
@@ -730,13 +732,13 @@ public final class Link: Sendable {
                         metadata: state.peerMetadata.merging(
                             ["link.encrypted": "\(encrypted)", "link.version": "\(version)"], uniquingKeysWith: { $1 })))
             case .frame(.ack(let through)):
-                logs += route(.acknowledgment(through), at: .zero, in: &state)
+                logs += route(.acknowledgment(through), at: .zero, in: &state, deliveryQueued: &channelDelivery)
             case .frame(let frame):
                 queueEvent(.frame(frame), in: &state)
             case .sequenced(let frame, let sequence):
                 let now = arrival ?? clock.now()
                 arrival = now
-                logs += route(.sequenced(frame, sequence), at: now, in: &state)
+                logs += route(.sequenced(frame, sequence), at: now, in: &state, deliveryQueued: &channelDelivery)
             case .closed(let code, let reason, let byPeer):
                 let closure = makeClosure(code: code, reason: reason, byPeer: byPeer, source: source, state: state)
                 state.closure = closure
@@ -868,7 +870,9 @@ public final class Link: Sendable {
             }
             var logs: [LogEntry] = []
             let now = clock.now()
-            for input in early { logs += route(input, at: now, in: &state) }
+            // the channel's pending work is delivered once, after them (below)
+            var deliveryQueued = true
+            for input in early { logs += route(input, at: now, in: &state, deliveryQueued: &deliveryQueued) }
             state.outbox.add { channel.deliverPending() }
             wakeWriter(&state)
             return logs
@@ -893,8 +897,10 @@ public final class Link: Sendable {
     }
 
     /// Hands input to the channel (under the lock), or keeps it until one is attached. `now`:
-    /// when a sequenced frame arrived (an acknowledgement needs no time).
-    private func route(_ input: ChannelInput, at now: Duration, in state: inout State) -> [LogEntry] {
+    /// when a sequenced frame arrived (an acknowledgement needs no time). What the channel then
+    /// has to deliver (wake-ups) is delivered once the lock is released, by one delivery queued
+    /// for all the input of one read: `deliveryQueued` says whether it is queued already.
+    private func route(_ input: ChannelInput, at now: Duration, in state: inout State, deliveryQueued: inout Bool) -> [LogEntry] {
         guard let channel = state.channel else {
             let size: Int
             switch input {
@@ -912,7 +918,10 @@ public final class Link: Sendable {
             state.early.append(input)
             return []
         }
-        state.outbox.add { channel.deliverPending() }
+        if !deliveryQueued {
+            state.outbox.add { channel.deliverPending() }
+            deliveryQueued = true
+        }
         switch input {
         case .acknowledgment(let through):
             guard channel.acknowledge(through: through) else {
