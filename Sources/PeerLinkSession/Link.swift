@@ -500,7 +500,13 @@ public final class Link: Sendable {
                 // does not take).
                 guard state.closure == nil || state.writeStartedAt != nil else { return .none }
                 state.tickerArmed = true
-                state.tickerDeadline = nextTickerDeadline(state)
+                // A deadline the ticker was woken for stays until it comes, even if what it was
+                // for went away meanwhile (an `ACK` owed that a reply carried off): otherwise
+                // every message of a ping-pong, owing an `ACK` again, would wake the ticker and
+                // set up a new sleep. A tick with nothing due does nothing.
+                var deadline = nextTickerDeadline(state)
+                if let kept = state.tickerDeadline, kept > clock.now() { deadline = deadline.map { min($0, kept) } ?? kept }
+                state.tickerDeadline = deadline
                 state.tickerWakePending = false
                 return .some(state.tickerDeadline)
             }
@@ -778,6 +784,7 @@ public final class Link: Sendable {
             let next = nextTickerDeadline(state)
             let closer: Bool =
                 if let next { state.tickerDeadline.map { next < $0 } ?? true } else { false }
+            if closer { state.tickerDeadline = next }  // what the ticker now sleeps until
             if state.closure != nil || closer { wakeTicker(&state) }
         }
         return logs
