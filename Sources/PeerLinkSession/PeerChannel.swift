@@ -429,7 +429,7 @@ public final class PeerChannel: Sendable {
 
     /// Queues a sequenced frame the session took for the peer (a message chunk): written on
     /// the active link, now or once there is one. Leaves the wake-up for ``deliverPending()``.
-    func enqueue(_ frames: [Frame]) {
+    package func enqueue(_ frames: [Frame]) {
         state.withLock { state in
             guard state.closure == nil else { return }
             for frame in frames { state.scheduler.enqueue(frame) }

@@ -257,3 +257,85 @@ struct LinkSchedulingTests {
         }
     }
 }
+
+@Suite("Link acknowledgements: the ticker writes an ACK owed at its deadline", .timeLimit(.minutes(1)))
+struct LinkAcknowledgementTests {
+    /// Waits (in real time, at most 5 s) until the link's ticker sleeps until `offset` on `clock`.
+    static func tickerSleeps(until offset: Duration, on clock: ManualClock) async throws {
+        for _ in 0..<5000 {
+            if clock.sleeperDeadlines.contains(ManualClock.Instant(offset: offset)) { return }
+            try await Task.sleep(for: .milliseconds(1))
+        }
+        Issue.record("the ticker never slept until \(offset): it sleeps until \(clock.sleeperDeadlines)")
+        throw CancellationError()
+    }
+
+    @Test("an ACK owed is written at the ACK delay when nothing else goes out; one a reply carried does not delay the next, nor does a deadline kept from it bring it early")
+    func ackAtItsDeadline() async throws {
+        let log = TestLog()
+        let clock = ManualClock()
+        let network = MemoryNetwork()
+        let listener = try network.listen(name: "bo")
+        defer { listener.close() }
+        let dialed = try await network.transport.dial(.memory(name: "bo"), timeout: .seconds(1))
+        let accepted = try #require(try await listener.accept() as? MemoryChannel)
+        let server = Identity.generate()
+        let link = Link(
+            channel: accepted, role: .listener, identity: server, preface: LinkFixture.preface(), hello: LinkFixture.hello("Bo"),
+            clock: clock, logger: log.logger)
+        let delay = Continuity.Policy.default.ackDelay
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            defer { dialed.close() }
+            group.addTask { await link.run() }
+            var peer = RawPeer(dialed, name: "Ana", expecting: server)
+            #expect(try await peer.handshake())
+            let (channel, _) = try await attachChannel(to: link, local: server, log: log)
+            func acknowledged(_ through: UInt64) -> Bool {
+                peer.frames.contains { if case .ack(through) = $0 { true } else { false } }
+            }
+            // What the link took in, in order: a message has arrived once it is here.
+            var arrived = link.events.makeAsyncIterator()
+            func arrival(of text: String) async throws {
+                while let event = await arrived.next() {
+                    if case .frame(.message(_, _, let chunk)) = event, chunk == Array(text.utf8) { return }
+                }
+                Issue.record("the link ended before \"\(text)\" arrived")
+                throw CancellationError()
+            }
+
+            // On a new link the first ACK goes at once (the peer must hear where it stands).
+            try await peer.send(.message(id: 1, flags: [], chunk: Array("one".utf8)))
+            while !acknowledged(1) { try #require(await peer.readOnce(), "the link ended") }
+
+            // Nothing goes back: the next ACK is written when the delay is over, not before.
+            try await peer.send(.message(id: 2, flags: [], chunk: Array("two".utf8)))
+            try await Self.tickerSleeps(until: delay, on: clock)
+            #expect(accepted.bufferedByteCount == 0, "written before the ACK delay")
+            clock.advance(to: .init(offset: delay))
+            while !acknowledged(2) { try #require(await peer.readOnce(), "the link ended") }
+
+            // A reply carries the ACK for the next one.
+            try await peer.send(.message(id: 3, flags: [], chunk: Array("three".utf8)))
+            try await Self.tickerSleeps(until: delay * 2, on: clock)
+            channel.enqueue([.message(id: 1, flags: [], chunk: Array("reply".utf8))])
+            channel.deliverPending()
+            while !acknowledged(3) { try #require(await peer.readOnce(), "the link ended") }
+            #expect(peer.frames.contains(.message(id: 1, flags: [], chunk: Array("reply".utf8))))
+
+            // The fourth arrives 1 ms later: its ACK is due a delay after it, not at the deadline
+            // the ticker kept from the third (which passes with nothing written), nor later.
+            clock.advance(to: .init(offset: delay + .milliseconds(1)))
+            try await peer.send(.message(id: 4, flags: [], chunk: Array("four".utf8)))
+            try await arrival(of: "four")
+            let due = delay * 2 + .milliseconds(1)
+            clock.advance(to: .init(offset: delay * 2))
+            try await Self.tickerSleeps(until: due, on: clock)
+            #expect(accepted.bufferedByteCount == 0, "the ACK for 4 went out before it was due")
+            clock.advance(to: .init(offset: due))
+            while !acknowledged(4) { try #require(await peer.readOnce(), "the link ended") }
+
+            dialed.close()
+            try await group.waitForAll()
+        }
+    }
+}
