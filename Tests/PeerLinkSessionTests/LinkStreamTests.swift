@@ -44,9 +44,10 @@ struct LinkStreamTests {
         return (listener, dialed, server, link)
     }
 
-    /// ``listeningLink(log:bufferCapacity:)``, and the link's own end of the connection.
+    /// ``listeningLink(log:bufferCapacity:)``, and the link's own end of the connection; the
+    /// channels may take another write batch limit, the link another clock.
     static func listeningLinkAndItsEnd(
-        log: TestLog, bufferCapacity: Int = 64 * 1024, writeBatchLimit: Int? = nil
+        log: TestLog, bufferCapacity: Int = 64 * 1024, writeBatchLimit: Int? = nil, clock: any Clock<Duration> = ContinuousClock()
     ) async throws -> (any TransportListener, any LinkChannel, Identity, Link, MemoryChannel) {
         let network = MemoryNetwork(bufferCapacity: bufferCapacity, writeBatchLimit: writeBatchLimit)
         let listener = try network.listen(name: "bo")
@@ -55,7 +56,7 @@ struct LinkStreamTests {
         let server = Identity.generate()
         let link = Link(
             channel: accepted, role: .listener, identity: server, preface: LinkFixture.preface(), hello: LinkFixture.hello("Bo"),
-            logger: log.logger)
+            clock: clock, logger: log.logger)
         return (listener, dialed, server, link, accepted)
     }
 
@@ -274,15 +275,8 @@ struct LinkAcknowledgementTests {
     func ackAtItsDeadline() async throws {
         let log = TestLog()
         let clock = ManualClock()
-        let network = MemoryNetwork()
-        let listener = try network.listen(name: "bo")
+        let (listener, dialed, server, link, accepted) = try await LinkStreamTests.listeningLinkAndItsEnd(log: log, clock: clock)
         defer { listener.close() }
-        let dialed = try await network.transport.dial(.memory(name: "bo"), timeout: .seconds(1))
-        let accepted = try #require(try await listener.accept() as? MemoryChannel)
-        let server = Identity.generate()
-        let link = Link(
-            channel: accepted, role: .listener, identity: server, preface: LinkFixture.preface(), hello: LinkFixture.hello("Bo"),
-            clock: clock, logger: log.logger)
         let delay = Continuity.Policy.default.ackDelay
         try await withThrowingTaskGroup(of: Void.self) { group in
             defer { dialed.close() }
