@@ -35,7 +35,9 @@ public final class ManualClock: Clock, Sendable {
 
     private struct IdleWaiter {
         let id: Int
+        /// What it waits for: this many sleepers waiting, or one waiting until this deadline.
         let count: Int
+        let deadline: Instant?
         let continuation: CheckedContinuation<Void, any Error>
     }
 
@@ -48,14 +50,21 @@ public final class ManualClock: Clock, Sendable {
         /// Sleepers that still wait (deadline after now).
         var waitingCount: Int { sleepers.count { $0.deadline > now } }
 
+        /// Whether at least `count` sleepers wait, and one of them until `deadline` if given.
+        func satisfies(count: Int, deadline: Instant?) -> Bool {
+            guard waitingCount >= count else { return false }
+            guard let deadline else { return true }
+            return sleepers.contains { $0.deadline == deadline && $0.deadline > now }
+        }
+
         /// Takes the idle waiters that are satisfied now, for resuming once the lock is released.
         mutating func takeSatisfiedIdleWaiters() -> [CheckedContinuation<Void, any Error>] {
-            let waiting = waitingCount
             var satisfied: [CheckedContinuation<Void, any Error>] = []
-            idleWaiters.removeAll { waiter in
-                guard waiting >= waiter.count else { return false }
+            let waiters = idleWaiters
+            idleWaiters = waiters.filter { waiter in
+                guard satisfies(count: waiter.count, deadline: waiter.deadline) else { return true }
                 satisfied.append(waiter.continuation)
-                return true
+                return false
             }
             return satisfied
         }
@@ -129,6 +138,16 @@ public final class ManualClock: Clock, Sendable {
     /// Waits until at least `count` sleepers wait for a deadline after now: the code under test
     /// has handled everything that is due and is asleep again.
     public func waitForSleepers(_ count: Int) async throws {
+        try await waitUntilIdle(count: count, deadline: nil)
+    }
+
+    /// Waits until a sleeper waits until `deadline` (after now): the code under test has taken
+    /// in what it was given and set a timer for that moment.
+    public func waitForSleeper(until deadline: Instant) async throws {
+        try await waitUntilIdle(count: 1, deadline: deadline)
+    }
+
+    private func waitUntilIdle(count: Int, deadline: Instant?) async throws {
         let id = state.withLock { state -> Int in
             state.nextID += 1
             return state.nextID
@@ -136,12 +155,12 @@ public final class ManualClock: Clock, Sendable {
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
                 state.withLock { state in
-                    if state.waitingCount >= count {
+                    if state.satisfies(count: count, deadline: deadline) {
                         continuation.resume()
                     } else if Task.isCancelled {
                         continuation.resume(throwing: CancellationError())
                     } else {
-                        state.idleWaiters.append(IdleWaiter(id: id, count: count, continuation: continuation))
+                        state.idleWaiters.append(IdleWaiter(id: id, count: count, deadline: deadline, continuation: continuation))
                     }
                 }
             }

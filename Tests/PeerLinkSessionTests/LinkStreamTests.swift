@@ -261,16 +261,6 @@ struct LinkSchedulingTests {
 
 @Suite("Link acknowledgements: the ticker writes an ACK owed at its deadline", .timeLimit(.minutes(1)))
 struct LinkAcknowledgementTests {
-    /// Waits (in real time, at most 5 s) until the link's ticker sleeps until `offset` on `clock`.
-    static func tickerSleeps(until offset: Duration, on clock: ManualClock) async throws {
-        for _ in 0..<5000 {
-            if clock.sleeperDeadlines.contains(ManualClock.Instant(offset: offset)) { return }
-            try await Task.sleep(for: .milliseconds(1))
-        }
-        Issue.record("the ticker never slept until \(offset): it sleeps until \(clock.sleeperDeadlines)")
-        throw CancellationError()
-    }
-
     @Test("an ACK owed is written at the ACK delay when nothing else goes out; one a reply carried does not delay the next, nor does a deadline kept from it bring it early")
     func ackAtItsDeadline() async throws {
         let log = TestLog()
@@ -303,14 +293,14 @@ struct LinkAcknowledgementTests {
 
             // Nothing goes back: the next ACK is written when the delay is over, not before.
             try await peer.send(.message(id: 2, flags: [], chunk: Array("two".utf8)))
-            try await Self.tickerSleeps(until: delay, on: clock)
+            try await clock.waitForSleeper(until: .init(offset: delay))
             #expect(accepted.bufferedByteCount == 0, "written before the ACK delay")
             clock.advance(to: .init(offset: delay))
             while !acknowledged(2) { try #require(await peer.readOnce(), "the link ended") }
 
             // A reply carries the ACK for the next one.
             try await peer.send(.message(id: 3, flags: [], chunk: Array("three".utf8)))
-            try await Self.tickerSleeps(until: delay * 2, on: clock)
+            try await clock.waitForSleeper(until: .init(offset: delay * 2))
             channel.enqueue([.message(id: 1, flags: [], chunk: Array("reply".utf8))])
             channel.deliverPending()
             while !acknowledged(3) { try #require(await peer.readOnce(), "the link ended") }
@@ -323,7 +313,7 @@ struct LinkAcknowledgementTests {
             try await arrival(of: "four")
             let due = delay * 2 + .milliseconds(1)
             clock.advance(to: .init(offset: delay * 2))
-            try await Self.tickerSleeps(until: due, on: clock)
+            try await clock.waitForSleeper(until: .init(offset: due))
             #expect(accepted.bufferedByteCount == 0, "the ACK for 4 went out before it was due")
             clock.advance(to: .init(offset: due))
             while !acknowledged(4) { try #require(await peer.readOnce(), "the link ended") }
