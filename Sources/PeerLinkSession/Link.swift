@@ -471,7 +471,7 @@ public final class Link: Sendable {
                 channelFailed(error)
                 break
             }
-            state.withLockThenDeliver { state in wrote(batch.count, in: &state) }
+            state.withLockThenDeliver { state in wrote(batch, in: &state) }
         }
         state.withLockThenDeliver { state in
             state.writerBusy = false
@@ -1072,7 +1072,7 @@ public final class Link: Sendable {
             return
         }
         state.withLockThenDeliver { state in
-            wrote(batch.count, in: &state)
+            wrote(batch, in: &state)
             state.writerWaiter = writer
             // what was queued meanwhile (or the close) goes the same way
             wakeWriter(&state)
@@ -1094,9 +1094,12 @@ public final class Link: Sendable {
     /// How long the link must have written nothing for a smaller batch to be written there.
     package static let writeNowQuiet = Duration.microseconds(100)
 
-    /// A write of `count` bytes ended: the writer is idle, and waiters for room are woken
-    /// when the queue is within its limit again.
-    private func wrote(_ count: Int, in state: inout State) {
+    /// A write of `batch` ended: the writer is idle, waiters for room are woken when the queue
+    /// is within its limit again, and the batch's storage goes back to the machine for the
+    /// next records.
+    private func wrote(_ batch: [UInt8], in state: inout State) {
+        let count = batch.count
+        state.machine.recycle(batch)
         state.lastWriteEnded = .now
         state.writerBusy = false
         state.writeStartedAt = nil

@@ -405,6 +405,35 @@ struct NoisePrimitiveTests {
         #expect(receiver.nonce == 1)
     }
 
+    /// Opening into a buffer gives what opening into a new array gives, reuses the buffer's
+    /// storage, and on failure leaves the buffer empty and the nonce where it was.
+    @Test func decryptionIntoABuffer() throws {
+        var sender = try NoiseCipherState(key: Self.key)
+        var receiver = try NoiseCipherState(key: Self.key)
+        var check = try NoiseCipherState(key: Self.key)
+        var output: [UInt8] = []
+        output.reserveCapacity(4096)
+        let storage = output.withUnsafeBufferPointer { UInt(bitPattern: $0.baseAddress) }
+        for size in [0, 1, 100, 2000] {
+            let plaintext = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+            let sealed = try sender.encryptWithAd([5], plaintext: plaintext)
+            try receiver.decryptWithAd([5], ciphertext: sealed[...], into: &output)
+            #expect(output == plaintext)
+            #expect(try check.decryptWithAd([5], ciphertext: sealed) == plaintext)
+            #expect(output.withUnsafeBufferPointer { UInt(bitPattern: $0.baseAddress) } == storage)
+        }
+        let sealed = try sender.encryptWithAd([9], plaintext: [1, 2, 3])
+        #expect(throws: NoiseError.decryptionFailed) { try receiver.decryptWithAd([8], ciphertext: sealed[...], into: &output) }
+        #expect(output.isEmpty)
+        #expect(receiver.nonce == 4)
+        try receiver.decryptWithAd([9], ciphertext: sealed[...], into: &output)
+        #expect(output == [1, 2, 3])
+        #expect(receiver.nonce == 5)
+        var keyless = NoiseCipherState()
+        try keyless.decryptWithAd([], ciphertext: [4, 5][...], into: &output)
+        #expect(output == [4, 5])
+    }
+
     /// Rekey: k becomes the first 32 bytes of ENCRYPT(k, 2^64-1, empty, 32 zeros); n is kept.
     @Test func rekey() throws {
         var state = try NoiseCipherState(key: Self.key)

@@ -148,6 +148,60 @@ struct WireLinkTests {
         #expect(pair.dialerWire.count - handshakeBytes == frameBytes + records * (2 + (encrypted ? 16 : 0)))
     }
 
+    /// A buffer handed back with `recycle` is where the next records are built (a link writes
+    /// batch after batch without a new 128 KiB allocation for each), and what is built there
+    /// reads as it should.
+    @Test(arguments: [true, false])
+    func recordsAreBuiltInARecycledBuffer(_ encrypted: Bool) throws {
+        let preference: EncryptionPreference = encrypted ? .required : .none
+        var pair = LinkPair(dialer: WireFixture.preface(preference), listener: WireFixture.preface(preference))
+        pair.connect()
+        var expected: [LinkOutput] = []
+        func batch(_ index: Int) throws -> [UInt8] {
+            let frames = (0..<8).map { offset -> (frame: Frame, sequence: UInt64?) in
+                let sequence = UInt64(index * 8 + offset + 1)
+                let frame = Frame.message(
+                    id: UInt32(sequence), flags: [], chunk: [UInt8](repeating: UInt8(sequence), count: WireFormat.maxFramePayload))
+                expected.append(.sequenced(frame, sequence: sequence))
+                return (frame, sequence)
+            }
+            let outputs = try pair.dialer.send(frames, at: pair.now)
+            guard outputs.count == 1, case .send(let bytes) = outputs[0] else {
+                Issue.record("one batch of frames should be one write, not \(outputs.count) outputs")
+                return []
+            }
+            return bytes
+        }
+        /// A copy in storage of its own, for the listener.
+        func copy(_ bytes: [UInt8]) -> [UInt8] {
+            [UInt8](unsafeUninitializedCapacity: bytes.count) { buffer, count in
+                _ = buffer.initialize(from: bytes)
+                count = bytes.count
+            }
+        }
+        func address(_ bytes: [UInt8]) -> UInt { bytes.withUnsafeBufferPointer { UInt(bitPattern: $0.baseAddress) } }
+
+        var first = try batch(0)
+        let storage = address(first)
+        pair.absorbDialer([.send(copy(first))])
+        pair.dialer.recycle(first)
+        first = []
+        let second = try batch(1)
+        #expect(address(second) == storage)
+        // A third batch, with nothing handed back, is built in new storage.
+        let third = try batch(2)
+        #expect(address(third) != storage)
+        pair.absorbDialer([.send(copy(second)), .send(copy(third))])
+        pair.pump()
+        #expect(Array(pair.listenerEvents.suffix(expected.count)) == expected)
+        // A buffer too large to keep is not kept.
+        var large = [UInt8](repeating: 0, count: LinkStateMachine.maxSpareCapacity + 1)
+        let largeStorage = address(large)
+        pair.dialer.recycle(large)
+        large = []
+        #expect(address(try batch(3)) != largeStorage)
+    }
+
     @Test func goAwayInABatchClosesAfterWhatCameBefore() throws {
         var pair = WireLinkHostileTests.establishedPair(.required)
         let before = Frame.message(id: 1, flags: [], chunk: [7])

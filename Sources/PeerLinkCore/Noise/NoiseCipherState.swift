@@ -119,6 +119,33 @@ public struct NoiseCipherState: Sendable {
         return opened
     }
 
+    /// ``decryptWithAd(_:ciphertext:)`` into `output`, which holds only the plaintext afterwards
+    /// (its storage is reused: a link opens every record into one buffer). On failure `n` is not
+    /// advanced and `output` is empty.
+    public mutating func decryptWithAd(_ ad: [UInt8], ciphertext: ArraySlice<UInt8>, into output: inout [UInt8]) throws(NoiseError) {
+        output.removeAll(keepingCapacity: true)
+        guard let key else {
+            output.append(contentsOf: ciphertext)
+            return
+        }
+        guard nonce != Self.reservedNonce else { throw .nonceExhausted }
+        guard ciphertext.count >= NoiseCrypto.tagLength else {
+            throw .messageTooShort(needed: NoiseCrypto.tagLength, got: ciphertext.count)
+        }
+        let split = ciphertext.endIndex - NoiseCrypto.tagLength
+        do {
+            let box = try ChaChaPoly.SealedBox(
+                nonce: Self.chachaNonce(nonce),
+                ciphertext: ciphertext[..<split],
+                tag: ciphertext[split...]
+            )
+            Self.append(try ChaChaPoly.open(box, using: key, authenticating: ad), to: &output)
+        } catch {
+            throw .decryptionFailed
+        }
+        nonce += 1
+    }
+
     /// `Rekey()` (§4.2, §11.3): `k` becomes the first 32 bytes of ENCRYPT(k, 2^64-1, empty,
     /// 32 zeros). `n` is unchanged. Does nothing without a key.
     public mutating func rekey() throws(NoiseError) {

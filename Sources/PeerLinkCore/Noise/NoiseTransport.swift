@@ -92,6 +92,16 @@ public struct NoiseTransport: Sendable {
         return try receiveCipher.decryptWithAd([], ciphertext: ciphertext)
     }
 
+    /// ``open(_:)`` of a part of a buffer into `plaintext`, whose storage is reused; on failure
+    /// `plaintext` is empty.
+    public mutating func open(_ ciphertext: ArraySlice<UInt8>, into plaintext: inout [UInt8]) throws(NoiseError) {
+        guard ciphertext.count <= Self.maxMessageLength else {
+            plaintext.removeAll(keepingCapacity: true)
+            throw .messageTooLong(length: ciphertext.count, limit: Self.maxMessageLength)
+        }
+        try receiveCipher.decryptWithAd([], ciphertext: ciphertext, into: &plaintext)
+    }
+
     /// Rekeys the sending direction (§11.3); the peer must rekey its receiving direction at the
     /// same point in the stream.
     public mutating func rekeySending() throws(NoiseError) {

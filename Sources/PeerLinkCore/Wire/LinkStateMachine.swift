@@ -114,6 +114,12 @@ public struct LinkStateMachine: Sendable {
     private var nextPingOpaque: UInt64 = 1
     private var outstandingPing: (opaque: UInt64, sentAt: Duration)?
     private var output: [LinkOutput] = []
+    /// A buffer written out before, kept for the next records (see ``recycle(_:)``).
+    private var spareWire: [UInt8] = []
+    /// The plaintext of the record being sealed, kept between calls of ``send(_:at:)``.
+    private var spareScratch: [UInt8] = []
+    /// Where a received record is opened, kept between records.
+    private var openedScratch: [UInt8] = []
 
     /// - Parameters:
     ///   - role: which side of the link this is.
@@ -246,7 +252,10 @@ public struct LinkStateMachine: Sendable {
         self.now = now
         let limit = recordPayloadLimit
         var remaining = frames.reduce(0) { $0 + FrameScheduler.size(of: $1.frame) }
-        var records = RecordBuilder(encrypted: isEncrypted == true, frameBytes: remaining, recordLimit: limit)
+        // Built in the buffers kept from before (moved, not copied: the builder must hold the
+        // only reference for its appends to stay in their storage).
+        var records = RecordBuilder(encrypted: isEncrypted == true, frameBytes: remaining, recordLimit: limit, wire: &spareWire, plaintext: &spareScratch)
+        defer { spareScratch = records.takePlaintext() }
         for (frame, sequence) in frames {
             if case .goAway(let code, let reason) = frame {
                 guard sendRecords(&records) else { break }
@@ -292,6 +301,17 @@ public struct LinkStateMachine: Sendable {
         records.wire = []
         return true
     }
+
+    /// Hands back bytes this machine sent (a ``LinkOutput/send(_:)``) once they were written, so
+    /// the next records are built in their storage instead of a new buffer. Kept only when
+    /// larger than the one kept already and at most ``maxSpareCapacity``.
+    public mutating func recycle(_ bytes: [UInt8]) {
+        guard bytes.capacity > spareWire.capacity, bytes.capacity <= Self.maxSpareCapacity else { return }
+        spareWire = bytes
+    }
+
+    /// The largest buffer ``recycle(_:)`` keeps.
+    public static let maxSpareCapacity = 256 * 1024
 
     /// Frames up to this size (header included) are small: messages, control, credit. A large
     /// frame (stream data, a chunk of a big message) never follows a small one in a record.
@@ -556,9 +576,15 @@ public struct LinkStateMachine: Sendable {
                 guard var keys = transport else {
                     throw WireError(.internalError, "no transport keys on an encrypted link")
                 }
-                let plaintext: [UInt8]
+                // opened into the buffer the last record was opened into
+                var plaintext = openedScratch
+                openedScratch = []
+                defer {
+                    plaintext.removeAll(keepingCapacity: true)
+                    openedScratch = plaintext
+                }
                 do {
-                    plaintext = try keys.open(body)
+                    try keys.open(body, into: &plaintext)
                     transport = keys
                 } catch {
                     throw WireError(.protocolError, "a record failed to decrypt: \(error)")
@@ -688,18 +714,33 @@ struct RecordBuilder {
     /// Where the length of the record being built goes (records not sealed).
     private var lengthAt: Int?
 
-    /// `frameBytes` frames to come, in records of at most `recordLimit` bytes of frames.
-    init(encrypted: Bool, frameBytes: Int, recordLimit: Int) {
+    /// `frameBytes` frames to come, in records of at most `recordLimit` bytes of frames, built
+    /// in the storage of `wire` and `plaintext`, which are taken (left empty): buffers used
+    /// before, emptied here. Their storage is kept only if nothing else refers to it any more
+    /// (the write that used it is over); otherwise the first append allocates anew.
+    init(encrypted: Bool, frameBytes: Int, recordLimit: Int, wire: inout [UInt8], plaintext: inout [UInt8]) {
         self.encrypted = encrypted
+        swap(&self.wire, &wire)
+        swap(&self.plaintext, &plaintext)
+        self.wire.removeAll(keepingCapacity: true)
+        self.plaintext.removeAll(keepingCapacity: true)
         let overhead = 2 + (encrypted ? WireFormat.tagLength : 0)
-        wire.reserveCapacity(frameBytes + overhead * (frameBytes / max(recordLimit, 1) + 2))
+        self.wire.reserveCapacity(frameBytes + overhead * (frameBytes / max(recordLimit, 1) + 2))
+    }
+
+    /// The plaintext buffer, emptied, for the next builder.
+    mutating func takePlaintext() -> [UInt8] {
+        var taken: [UInt8] = []
+        swap(&taken, &plaintext)
+        taken.removeAll(keepingCapacity: true)
+        return taken
     }
 
     /// Appends `frame` to the record being built (starting one). Throws as
     /// ``Frame/encode(sequence:into:)``, and then appends nothing.
     mutating func append(_ frame: Frame, sequence: UInt64?, plaintextCapacity: Int) throws(WireError) {
         if encrypted {
-            if plaintext.isEmpty { plaintext.reserveCapacity(plaintextCapacity) }
+            if plaintext.isEmpty, plaintext.capacity < plaintextCapacity { plaintext.reserveCapacity(plaintextCapacity) }
             try frame.encode(sequence: sequence, into: &plaintext)
             frameBytes = plaintext.count
             return
