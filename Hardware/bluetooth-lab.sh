@@ -34,7 +34,12 @@
 # Hardware/btvm/README.md) and whose tests failed gets one more boot, said out loud with the
 # kernel's report; a fault in a boot whose tests passed is reported and passes.
 #
-# Exit status: that of the test binary in the VM; 123 the guest kernel faulted and the tests did
+# Tests that failed while bluetoothd ran but no longer answered D-Bus calls (the guest checks,
+# Hardware/btvm/guest/bluetoothd-deaf.sh, and prints its log and the kernel's) get one more boot
+# too, said out loud.
+#
+# Exit status: that of the test binary in the VM; 122 tests failed while bluetoothd no longer
+# answered (twice); 123 the guest kernel faulted and the tests did
 # not end (twice); 124 the VM timed out; 125 the VM could not
 # start; 77 the lab cannot run on this machine (not x86-64, or its packages are missing: run
 # `Hardware/setup.sh --tests`); 2 bad arguments.
@@ -104,6 +109,9 @@ guest_command() {
     # a bluetoothd that died under the tests is worth its log
     command+="; rc=\$?; if [ -s /run/btvm/bluetoothd.pid ] && ! kill -0 \$(cat /run/btvm/bluetoothd.pid) 2>/dev/null; then"
     command+=" echo 'bluetooth lab: bluetoothd is not running any more; the end of its log:'; tail -n 40 /run/btvm/bluetoothd.log; fi;"
+    # a bluetoothd that runs but no longer answers: its log and the kernel's, and exit 122 (the
+    # lab boots once more, as for a kernel fault)
+    command+=" if [ \$rc != 0 ] && $(printf %q "$HERE/btvm/guest/bluetoothd-deaf.sh"); then rc=122; fi;"
     command+=" [ -s /run/btvm/forget-bonds.log ] && echo \"bluetooth lab: \$(wc -l < /run/btvm/forget-bonds.log) bonds the emulator left were removed\"; exit \$rc"
     printf '%s' "$command"
 }
@@ -116,6 +124,7 @@ report() {
     case "$LAB_RC" in
         0) say "passed" ;;
         123) say "the guest kernel faulted and the tests did not end" ;;
+        122) say "tests failed while bluetoothd no longer answered (its log and the kernel's are above)" ;;
         124) say "the VM ran out of time (${PEERLINK_LAB_TIMEOUT:-900} s): a test hangs; rerun with --console" ;;
         125) ;;
         *) say "failed (exit $LAB_RC)" ;;
@@ -125,7 +134,8 @@ report() {
 # lab_tests WHAT GUEST_CMD [RUN.SH OPTIONS...]: one boot for the tests WHAT names, reported. The
 # guest's Debian kernel has Bluetooth bugs of its own (Hardware/btvm/README.md, "Kernel faults"):
 # a boot whose kernel faulted and whose tests failed is not PeerLink's result, so it gets one more
-# boot, said out loud with the fault's report; a second failure fails the lab.
+# boot, said out loud with the fault's report; so does one whose tests failed while bluetoothd
+# ran but answered nothing (exit 122); a second failure fails the lab.
 lab_tests() {
     local what=$1
     shift
@@ -133,6 +143,10 @@ lab_tests() {
     report
     if [ "$LAB_RC" != 0 ] && [ "$LAB_KERNEL_FAULT" = 1 ]; then
         say "$what failed in a boot whose kernel faulted: once more in a new boot"
+        lab_boot "$@"
+        report
+    elif [ "$LAB_RC" = 122 ]; then
+        say "$what failed in a boot whose bluetoothd stopped answering: once more in a new boot"
         lab_boot "$@"
         report
     fi
@@ -177,7 +191,7 @@ if [ ${#BLUETOOTHD[@]} -gt 0 ]; then
             if [ "$attempt" = 2 ]; then
                 if [ "$LAB_RC" != 0 ] && [ "$LAB_KERNEL_FAULT" = 1 ]; then
                     say "BluetoothFreshLabTests/$test failed in a boot whose kernel faulted: once more in a new boot"
-                elif [ "$LAB_RC" = 1 ]; then
+                elif [ "$LAB_RC" = 1 ] || [ "$LAB_RC" = 122 ]; then
                     say "BluetoothFreshLabTests/$test failed: once more in a new boot (btvirt is faithful only to a controller's first pairing)"
                 else
                     break

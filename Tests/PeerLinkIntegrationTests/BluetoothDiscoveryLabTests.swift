@@ -255,19 +255,32 @@ struct BluetoothDiscoveryLabTests {
     /// drops does: packets to or from `ports` are refused by policy routing, so the links stop
     /// carrying anything and new dials fail. The guest is a throw-away VM; `restoreTCP` undoes it.
     static func cutTCP(ports: [String]) async throws {
-        var script = "set -e; ip rule add pref 100 lookup local; ip rule del pref 0 lookup local"
-        for port in ports {
-            script += "; ip rule add pref 10 ipproto tcp dport \(port) prohibit; ip rule add pref 11 ipproto tcp sport \(port) prohibit"
+        // Both address families: the chats may meet over 127.0.0.1 or ::1 (Avahi on lo publishes
+        // both), and `ip rule` alone is IPv4 only. Cutting only IPv4 left a pair that had met over
+        // ::1 on TCP, and the test waiting for a move that had no reason to happen.
+        var script = "set -e"
+        for family in ["-4", "-6"] {
+            script += "; ip \(family) rule add pref 100 lookup local; ip \(family) rule del pref 0 lookup local"
+            for port in ports {
+                script +=
+                    "; ip \(family) rule add pref 10 ipproto tcp dport \(port) prohibit"
+                    + "; ip \(family) rule add pref 11 ipproto tcp sport \(port) prohibit"
+            }
+            script += "; ip \(family) route flush cache"
         }
-        let result = try await runSpawned("/bin/sh", ["-c", script + "; ip route flush cache"], timeout: .seconds(20))
+        let result = try await runSpawned("/bin/sh", ["-c", script], timeout: .seconds(20))
         try #require(result.status == 0, "ip rule: \(result.stderr)")
     }
 
     static func restoreTCP() async throws {
-        let script =
-            "while ip rule del pref 10 2>/dev/null; do :; done; while ip rule del pref 11 2>/dev/null; do :; done; "
-            + "ip rule show | grep -q '^0:' || ip rule add pref 0 lookup local; ip rule del pref 100 lookup local 2>/dev/null; ip route flush cache; true"
-        _ = try await runSpawned("/bin/sh", ["-c", script], timeout: .seconds(20))
+        var script = ""
+        for family in ["-4", "-6"] {
+            script +=
+                "while ip \(family) rule del pref 10 2>/dev/null; do :; done; while ip \(family) rule del pref 11 2>/dev/null; do :; done; "
+                + "ip \(family) rule show | grep -q '^0:' || ip \(family) rule add pref 0 lookup local; "
+                + "ip \(family) rule del pref 100 lookup local 2>/dev/null; ip \(family) route flush cache; "
+        }
+        _ = try await runSpawned("/bin/sh", ["-c", script + "true"], timeout: .seconds(20))
     }
 
     /// With `adapterDown`, TCP comes back as alice's adapter goes down (the Bluetooth link dies
