@@ -98,24 +98,8 @@ public struct NoiseCipherState: Sendable {
     /// `DecryptWithAd(ad, ciphertext)` of a part of a buffer (a record in what was read), so
     /// the ciphertext is not copied out first.
     public mutating func decryptWithAd(_ ad: [UInt8], ciphertext: ArraySlice<UInt8>) throws(NoiseError) -> [UInt8] {
-        guard let key else { return Array(ciphertext) }
-        guard nonce != Self.reservedNonce else { throw .nonceExhausted }
-        guard ciphertext.count >= NoiseCrypto.tagLength else {
-            throw .messageTooShort(needed: NoiseCrypto.tagLength, got: ciphertext.count)
-        }
-        let split = ciphertext.endIndex - NoiseCrypto.tagLength
-        let opened: [UInt8]
-        do {
-            let box = try ChaChaPoly.SealedBox(
-                nonce: Self.chachaNonce(nonce),
-                ciphertext: ciphertext[..<split],
-                tag: ciphertext[split...]
-            )
-            opened = Array(try ChaChaPoly.open(box, using: key, authenticating: ad))
-        } catch {
-            throw .decryptionFailed
-        }
-        nonce += 1
+        var opened: [UInt8] = []
+        try decryptWithAd(ad, ciphertext: ciphertext, into: &opened)
         return opened
     }
 

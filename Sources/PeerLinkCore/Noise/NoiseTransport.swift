@@ -86,10 +86,9 @@ public struct NoiseTransport: Sendable {
 
     /// ``open(_:)`` of a part of a buffer (not copied out first).
     public mutating func open(_ ciphertext: ArraySlice<UInt8>) throws(NoiseError) -> [UInt8] {
-        guard ciphertext.count <= Self.maxMessageLength else {
-            throw .messageTooLong(length: ciphertext.count, limit: Self.maxMessageLength)
-        }
-        return try receiveCipher.decryptWithAd([], ciphertext: ciphertext)
+        var plaintext: [UInt8] = []
+        try open(ciphertext, into: &plaintext)
+        return plaintext
     }
 
     /// ``open(_:)`` of a part of a buffer into `plaintext`, whose storage is reused; on failure
