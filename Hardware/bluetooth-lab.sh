@@ -185,13 +185,15 @@ if [ ${#BLUETOOTHD[@]} -gt 0 ]; then
         # These tests need btvirt's controllers to pair exactly once, as real ones would; in 2 of
         # 6 boots of linksLeaveNoBond (2026-11-24) the emulator left a one-sided bond anyway (the
         # chats' stderr is in the failure). A failed test (not a failed boot), or a boot whose
-        # kernel faulted (see lab_tests), gets one more fresh boot, said out loud; a second
-        # failure fails the lab.
+        # kernel faulted or whose bluetoothd stopped answering (see lab_tests), gets one more
+        # fresh boot, said out loud; a second failure fails the lab.
         for attempt in 1 2; do
             if [ "$attempt" = 2 ]; then
                 if [ "$LAB_RC" != 0 ] && [ "$LAB_KERNEL_FAULT" = 1 ]; then
                     say "BluetoothFreshLabTests/$test failed in a boot whose kernel faulted: once more in a new boot"
-                elif [ "$LAB_RC" = 1 ] || [ "$LAB_RC" = 122 ]; then
+                elif [ "$LAB_RC" = 122 ]; then
+                    say "BluetoothFreshLabTests/$test failed in a boot whose bluetoothd stopped answering: once more in a new boot"
+                elif [ "$LAB_RC" = 1 ]; then
                     say "BluetoothFreshLabTests/$test failed: once more in a new boot (btvirt is faithful only to a controller's first pairing)"
                 else
                     break
