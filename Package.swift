@@ -38,6 +38,8 @@ let package = Package(
         ),
         // epoll(7) from the C library's headers (not part of the Glibc module).
         .systemLibrary(name: "CEpoll"),
+        // mallopt(3) from the C library's headers (not part of the Glibc module either).
+        .systemLibrary(name: "CMalloc"),
 
         // Pure protocol logic: identity, validation, codecs, state machines. No C, no I/O.
         .target(
@@ -48,7 +50,7 @@ let package = Package(
         // POSIX edge: every syscall the platform targets make, files, sockets, interfaces.
         .target(
             name: "PeerLinkPosix",
-            dependencies: ["PeerLinkCore", "CEpoll", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["PeerLinkCore", "CEpoll", "CMalloc", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strict
         ),
         // LAN transport: DNS-SD through avahi-daemon (libavahi-client), TCP.

@@ -146,6 +146,8 @@ package final class Readiness: @unchecked Sendable {
     private func startIfNeeded() throws(SystemError) {
         guard epoll < 0 else { return }
         epoll = try Sys.epollCreate()
+        // The process moves messages from now on: the heap keeps what they free (HeapTuning).
+        HeapTuning.apply()
         let thread = Thread { [self] in run() }
         thread.name = "peerlink-io"
         thread.start()
