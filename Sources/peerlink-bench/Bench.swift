@@ -120,7 +120,9 @@ struct Bench: AsyncParsableCommand {
         report.line("peerlink-bench\(smoke ? " --smoke" : "") — loopback TCP, \(ProcessInfo.processInfo.activeProcessorCount) CPUs, \(Self.buildKind) build")
         // What the sessions' first link would do anyway, done first so that it can be said.
         let heap = HeapTuning.apply()
-        report.line("heap: \(heap)\(heap == .left("PEERLINK_HEAP_TUNING=off") ? "" : " (PEERLINK_HEAP_TUNING=off: glibc's defaults)")")
+        var hint = ""
+        if case .tuned = heap { hint = " (PEERLINK_HEAP_TUNING=off: glibc's defaults)" }
+        report.line("heap: \(heap)\(hint)")
         report.line("")
 
         let chosen = self.chosen

@@ -10,13 +10,13 @@ struct HeapTuningTests {
     @Test func theProcessChoiceIsKept() {
         #expect(HeapTuning.reasonToLeave(environment: [:], kept: false) == nil)
         #expect(HeapTuning.reasonToLeave(environment: ["PEERLINK_HEAP_TUNING": "on", "GLIBC_TUNABLES": "glibc.rtld.x=1"], kept: false) == nil)
-        #expect(HeapTuning.reasonToLeave(environment: ["MALLOC_ARENA": "2"], kept: false) == nil)
+        #expect(HeapTuning.reasonToLeave(environment: ["MALLOC_ARENA_MAX": "2"], kept: false) == nil)
         for (environment, reason) in [
             (["PEERLINK_HEAP_TUNING": "off"], "PEERLINK_HEAP_TUNING=off"),
             (["PEERLINK_HEAP_TUNING": "0"], "PEERLINK_HEAP_TUNING=0"),
             (["GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1048576"], "GLIBC_TUNABLES sets the heap"),
             (["MALLOC_TOP_PAD_": "1048576"], "MALLOC_TOP_PAD_ sets the heap"),
-            (["MALLOC_ARENA_MAX_": "1", "MALLOC_MMAP_THRESHOLD_": "1"], "MALLOC_ARENA_MAX_ sets the heap"),
+            (["MALLOC_MMAP_THRESHOLD_": "1", "MALLOC_CHECK_": "3"], "MALLOC_CHECK_ sets the heap"),
         ] {
             #expect(HeapTuning.reasonToLeave(environment: environment, kept: false) == reason)
         }
