@@ -13,7 +13,7 @@ import PeerLinkCore
 /// try await withThrowingTaskGroup { group in
 ///     group.addTask { await link.run() }
 ///     let peer = try await link.established          // or the close reason
-///     try await link.send(.message(id: 1, flags: [], chunk: Array("hi".utf8)))
+///     try await link.send(.message(id: 1, flags: [], chunk: FramePayload("hi".utf8)))
 ///     for await event in link.events { … }           // frames, then .closed once
 ///     link.close()                                    // GO_AWAY, then the channel closes
 /// }

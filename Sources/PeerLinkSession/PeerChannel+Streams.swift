@@ -272,7 +272,10 @@ extension PeerChannel {
                     let wanted = min(bytes.count - start, WireFormat.maxFramePayload, room)
                     let credit = state.streams.takeCredit(id, upTo: wanted)
                     guard credit > 0 else { break }
-                    state.scheduler.enqueue(.data(stream: id, flags: [], payload: Array(bytes[start..<start + credit])))
+                    // the write itself, or a part of it sharing its storage: not copied
+                    let payload =
+                        start == 0 && credit == bytes.count ? FramePayload(bytes) : FramePayload(bytes[start..<start + credit])
+                    state.scheduler.enqueue(.data(stream: id, flags: [], payload: payload))
                     queued += credit
                 }
                 guard queued > 0 else { return nil }

@@ -190,8 +190,8 @@ enum Catalog {
             }
         },
         seeds: {
-            [[Frame.data(stream: 1, flags: .syn, payload: Array("a".utf8)), .data(stream: 1, flags: [], payload: [1, 2]), .windowUpdate(stream: 2, flags: .ack, credit: 5),
-              .data(stream: 1, flags: .fin, payload: []), .data(stream: 3, flags: .rst, payload: Array("no".utf8))].reduce(into: [UInt8]()) { $0 += Record.framed(Fixtures.encoded($1)) }]
+            [[Frame.data(stream: 1, flags: .syn, payload: FramePayload("a".utf8)), .data(stream: 1, flags: [], payload: [1, 2]), .windowUpdate(stream: 2, flags: .ack, credit: 5),
+              .data(stream: 1, flags: .fin, payload: []), .data(stream: 3, flags: .rst, payload: FramePayload("no".utf8))].reduce(into: [UInt8]()) { $0 += Record.framed(Fixtures.encoded($1)) }]
         })
 
     static let session = FuzzTarget(

@@ -102,13 +102,13 @@ enum Fixtures {
 
     static let sampleFrames: [Frame] = [
         .ping(flags: .syn, opaque: 42), .goAway(code: .sessionFull, reason: "eight is enough"),
-        .message(id: 1, flags: .more, chunk: Array("hello".utf8)), .datagram(Array("dgram".utf8)),
+        .message(id: 1, flags: .more, chunk: FramePayload("hello".utf8)), .datagram(Array("dgram".utf8)),
         .control(.invite(invitation: 7, session: SessionID(bytes: [UInt8](repeating: 1, count: 16))!, timeoutMilliseconds: 30000, context: [1, 2])),
         .control(.accept(invitation: 7)), .control(.decline(invitation: 7, reason: .sessionFull)),
         .control(.members(session: SessionID(bytes: [UInt8](repeating: 1, count: 16))!, members: [ControlMessage.Member(fingerprint: peer.fingerprint, displayName: try! DisplayName("peer"))])),
         .control(.join(session: SessionID(bytes: [UInt8](repeating: 1, count: 16))!)),
         .control(.leave(session: SessionID(bytes: [UInt8](repeating: 1, count: 16))!)),
-        .data(stream: 1, flags: .syn, payload: Array("photo.jpg".utf8)), .data(stream: 1, flags: [], payload: [1, 2, 3]),
-        .data(stream: 1, flags: .rst, payload: Array("gone".utf8)), .windowUpdate(stream: 1, flags: .ack, credit: 65536),
+        .data(stream: 1, flags: .syn, payload: FramePayload("photo.jpg".utf8)), .data(stream: 1, flags: [], payload: [1, 2, 3]),
+        .data(stream: 1, flags: .rst, payload: FramePayload("gone".utf8)), .windowUpdate(stream: 1, flags: .ack, credit: 65536),
     ]
 }

@@ -153,13 +153,13 @@ struct PairSimulation {
             repeat {
                 let end = min(message.count, offset + Int.random(in: 1...WireFormat.maxFramePayload, using: &random))
                 sides[side].scheduler.enqueue(
-                    .message(id: id, flags: end < message.count ? [.more] : [], chunk: Array(message[offset..<end])))
+                    .message(id: id, flags: end < message.count ? [.more] : [], chunk: FramePayload(message[offset..<end])))
                 offset = end
             } while offset < message.count
         case 1:
             let bytes = fastBytes(Int.random(in: 1...WireFormat.maxFramePayload, using: &random))
             sides[side].streamSent += bytes
-            sides[side].scheduler.enqueue(.data(stream: 1, flags: [], payload: bytes))
+            sides[side].scheduler.enqueue(.data(stream: 1, flags: [], payload: FramePayload(bytes)))
         default:
             produceFile(side)
         }
@@ -172,7 +172,7 @@ struct PairSimulation {
         let end = min(file.count, offset + Int.random(in: 1...WireFormat.maxFramePayload, using: &random))
         sides[side].fileOffset = end
         sides[side].fileQueued = end == file.count
-        sides[side].scheduler.enqueue(.data(stream: 3, flags: end == file.count ? [.fin] : [], payload: Array(file[offset..<end])))
+        sides[side].scheduler.enqueue(.data(stream: 3, flags: end == file.count ? [.fin] : [], payload: FramePayload(file[offset..<end])))
     }
 
     /// `side` writes a record on its link, as a pair channel's active link does: an `ACK` if
@@ -214,13 +214,13 @@ struct PairSimulation {
     mutating func take(_ frame: Frame, at side: Int) {
         switch frame {
         case .message(let id, let flags, let chunk):
-            sides[side].partial[id, default: []] += chunk
+            sides[side].partial[id, default: []] += chunk.array
             if !flags.contains(.more) { sides[side].messagesReceived.append(sides[side].partial.removeValue(forKey: id)!) }
         case .data(1, _, let payload):
-            sides[side].streamReceived += payload
+            sides[side].streamReceived += payload.array
         case .data(3, let flags, let payload):
             #expect(!sides[side].streamFinished, "bytes after the file's FIN")
-            sides[side].fileReceived += payload
+            sides[side].fileReceived += payload.array
             if flags.contains(.fin) { sides[side].streamFinished = true }
         default:
             Issue.record("an unexpected frame: \(frame)")

@@ -23,7 +23,7 @@ struct MessageReassemblyTests {
                 let chunk = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ Int(id) &+ round) }
                 expected[id, default: []] += chunk
                 let last = round == sizes.count - 1
-                switch reassembly.add(id: id, flags: last ? [] : .more, chunk: chunk) {
+                switch reassembly.add(id: id, flags: last ? [] : .more, chunk: FramePayload(chunk)) {
                 case .incomplete:
                     held += size
                     #expect(!last)
@@ -61,7 +61,7 @@ struct MessageReassemblyTests {
         let chunk = [UInt8](repeating: 0, count: WireFormat.maxFramePayload)
         let chunks = WireFormat.maxMessageLength / chunk.count
         for _ in 0..<chunks {
-            #expect(reassembly.add(id: 4, flags: .more, chunk: chunk) == .incomplete)
+            #expect(reassembly.add(id: 4, flags: .more, chunk: FramePayload(chunk)) == .incomplete)
         }
         #expect(reassembly.add(id: 4, flags: [], chunk: [1]) == .tooLarge(WireFormat.maxMessageLength + 1))
         #expect(reassembly.bufferedBytes == 0)

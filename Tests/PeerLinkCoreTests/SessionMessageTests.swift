@@ -106,6 +106,37 @@ struct SessionMessageTests {
         #expect(mostBytes <= WireFormat.maxMessageLength, "\(mostBytes) bytes of messages in progress at once")
     }
 
+    /// A message is cut into chunks without copying it: every chunk taken for the link is a part
+    /// of the message's own storage, in order, and together they are the message; a message of
+    /// one chunk is its own array.
+    @Test func chunksArePartsOfTheMessage() throws {
+        var net = try Self.connectedPair()
+        let message = Self.bytes(3 * WireFormat.maxFramePayload + 100, seed: 5)
+        let line = Array("one chunk".utf8)
+        try net.send(0, message, to: [1])
+        try net.send(0, line, to: [1])
+        let link = try #require(net.machine(0).allLinks.first)
+        func address(_ bytes: UnsafeRawBufferPointer) -> UInt { UInt(bitPattern: bytes.baseAddress) }
+        let base = message.withUnsafeBytes(address)
+        // The two messages' chunks interleave (the line overtakes the large message).
+        var received: [UInt32: [UInt8]] = [:]
+        var largeID: UInt32?
+        var complete = 0
+        while complete < 2, case .message(let id, let flags, let chunk)? = net.nodes[0].machine.nextFrame(for: link) {
+            if largeID == nil { largeID = id }
+            if id == largeID {
+                let offset = received[id]?.count ?? 0
+                #expect(chunk.withUnsafeBytes(address) == base + UInt(offset), "the chunk at offset \(offset) is a copy")
+            } else {
+                #expect(chunk.withUnsafeBytes(address) == line.withUnsafeBytes(address))
+                #expect(chunk.array.withUnsafeBytes(address) == line.withUnsafeBytes(address))
+            }
+            received[id, default: []] += chunk.array
+            if !flags.contains(.more) { complete += 1 }
+        }
+        #expect(received.values.sorted { $0.count < $1.count } == [line, message])
+    }
+
     /// A 10 MiB message does not hold up a chat line queued after it: the line's only frame is
     /// the second frame out, and it is received long before the large one.
     @Test func aSmallMessageOvertakesALargeOne() throws {
@@ -123,7 +154,7 @@ struct SessionMessageTests {
             return
         }
         #expect(largeFlags.contains(.more))
-        #expect(chatID == largeID + 1 && !chatFlags.contains(.more) && chatChunk == chat)
+        #expect(chatID == largeID + 1 && !chatFlags.contains(.more) && chatChunk.array == chat)
         let bobLink = try #require(net.machine(1).allLinks.first)
         net.apply(1, net.nodes[1].machine.frameReceived(first!, on: bobLink, at: net.now))
         net.apply(1, net.nodes[1].machine.frameReceived(second!, on: bobLink, at: net.now))
@@ -177,7 +208,7 @@ struct SessionMessageTests {
         let (_, frames) = try Self.drain(&net, 0)
         #expect(frames.count == count)
         for (index, frame) in frames.enumerated() {
-            guard case .message(_, let flags, let chunk) = frame, flags.isEmpty, chunk == Self.bytes(8, seed: index) else {
+            guard case .message(_, let flags, let chunk) = frame, flags.isEmpty, chunk.array == Self.bytes(8, seed: index) else {
                 Issue.record("frame \(index) is \(frame)")
                 return
             }
@@ -201,7 +232,7 @@ struct SessionMessageTests {
         let chunk = [UInt8](repeating: 0xAB, count: WireFormat.maxFramePayload)
         var actions: [SessionAction] = []
         for _ in 0..<(limit / chunk.count) {
-            actions = net.nodes[1].machine.frameReceived(.message(id: 77, flags: .more, chunk: chunk), on: bobLink, at: net.now)
+            actions = net.nodes[1].machine.frameReceived(.message(id: 77, flags: .more, chunk: FramePayload(chunk)), on: bobLink, at: net.now)
             #expect(actions.isEmpty)
         }
         #expect(net.machine(1).bufferedMessageBytes(from: net.peer(0)) == limit)
@@ -309,21 +340,21 @@ struct SessionMessageTests {
         let (fromBob, fromCarol) = (links[0], links[1])
 
         // A finished message of any size under 16 MiB is not "partial" once complete.
-        var actions = net.nodes[0].machine.frameReceived(.message(id: 1, flags: .more, chunk: [UInt8](repeating: 1, count: 6_000)), on: fromBob, at: net.now)
+        var actions = net.nodes[0].machine.frameReceived(.message(id: 1, flags: .more, chunk: FramePayload(repeating: 1, count: 6_000)), on: fromBob, at: net.now)
         #expect(actions.isEmpty)
         #expect(net.machine(0).bufferedMessageBytes == 6_000)
-        actions = net.nodes[0].machine.frameReceived(.message(id: 1, flags: [], chunk: [UInt8](repeating: 1, count: 6_000)), on: fromBob, at: net.now)
+        actions = net.nodes[0].machine.frameReceived(.message(id: 1, flags: [], chunk: FramePayload(repeating: 1, count: 6_000)), on: fromBob, at: net.now)
         #expect(actions.count == 1)
         #expect(net.machine(0).bufferedMessageBytes == 0)
 
         // Over the session's limit with two links: the link that went over is closed.
-        _ = net.nodes[0].machine.frameReceived(.message(id: 2, flags: .more, chunk: [UInt8](repeating: 2, count: 9_000)), on: fromBob, at: net.now)
-        actions = net.nodes[0].machine.frameReceived(.message(id: 7, flags: .more, chunk: [UInt8](repeating: 3, count: 7_000)), on: fromCarol, at: net.now)
+        _ = net.nodes[0].machine.frameReceived(.message(id: 2, flags: .more, chunk: FramePayload(repeating: 2, count: 9_000)), on: fromBob, at: net.now)
+        actions = net.nodes[0].machine.frameReceived(.message(id: 7, flags: .more, chunk: FramePayload(repeating: 3, count: 7_000)), on: fromCarol, at: net.now)
         #expect(actions.contains { if case .closeLink(fromCarol, .resourceLimit, _) = $0 { true } else { false } }, "\(actions)")
         #expect(net.machine(0).bufferedMessageBytes == 9_000)
 
         // Over the link's limit: closed, and its bytes released.
-        actions = net.nodes[0].machine.frameReceived(.message(id: 3, flags: .more, chunk: [UInt8](repeating: 4, count: 1_500)), on: fromBob, at: net.now)
+        actions = net.nodes[0].machine.frameReceived(.message(id: 3, flags: .more, chunk: FramePayload(repeating: 4, count: 1_500)), on: fromBob, at: net.now)
         #expect(actions.contains { if case .closeLink(fromBob, .resourceLimit, _) = $0 { true } else { false } }, "\(actions)")
         #expect(net.machine(0).bufferedMessageBytes == 0)
         #expect(net.machine(0).bufferedMessageBytes(from: net.peer(1)) == 0)
@@ -343,7 +374,7 @@ struct SessionMessageTests {
         let (_, frames) = try Self.drain(&net, 0)
         let link = try #require(net.machine(1).allLinks.first)
         // A chunk of a message that never ends, as a peer breaking the limit would send.
-        let run = frames + [.message(id: 999, flags: .more, chunk: Self.bytes(16_384, seed: 7))] + frames.prefix(2)
+        let run = frames + [.message(id: 999, flags: .more, chunk: FramePayload(Self.bytes(16_384, seed: 7)))] + frames.prefix(2)
         var oneByOne = net.nodes[1].machine
         var together = net.nodes[1].machine
         var actionsOneByOne: [SessionAction] = []

@@ -32,7 +32,7 @@ struct StreamTableTests {
     @Test func synCarriesTheNameAndAnAckAcceptsIt() throws {
         var pair = TablePair()
         let (id, syn) = try pair.dialer.open(name: "photo.jpg")
-        #expect(syn == .data(stream: id, flags: .syn, payload: Array("photo.jpg".utf8)))
+        #expect(syn == .data(stream: id, flags: .syn, payload: FramePayload("photo.jpg".utf8)))
         #expect(pair.dialer[id]?.isAccepted == false)
         let outcome = try pair.listener.receive(syn)
         #expect(outcome.events == [.opened(id: id, name: "photo.jpg")])
@@ -57,7 +57,7 @@ struct StreamTableTests {
         #expect(pair.dialer.takeCredit(id, upTo: 1) == 0)
         // The listener receives a window's worth and reads it in pieces.
         for _ in 0..<16 {
-            let outcome = try pair.listener.receive(.data(stream: id, flags: [], payload: [UInt8](repeating: 7, count: 16384)))
+            let outcome = try pair.listener.receive(.data(stream: id, flags: [], payload: FramePayload(repeating: 7, count: 16384)))
             #expect(outcome.events == [.data(id: id, bytes: [UInt8](repeating: 7, count: 16384))])
         }
         #expect(pair.listener[id]?.receiveWindow == 0)
@@ -74,7 +74,7 @@ struct StreamTableTests {
     @Test func bytesOverTheWindowAreAProtocolError() throws {
         var pair = TablePair()
         let id = try pair.openAccepted()
-        for _ in 0..<16 { _ = try pair.listener.receive(.data(stream: id, flags: [], payload: [UInt8](repeating: 0, count: 16384))) }
+        for _ in 0..<16 { _ = try pair.listener.receive(.data(stream: id, flags: [], payload: FramePayload(repeating: 0, count: 16384))) }
         let error = try #require(throws: WireError.self) { try pair.listener.receive(.data(stream: id, flags: [], payload: [1])) }
         #expect(error.code == .protocolError)
         #expect(error.reason.contains("window"), "\(error.reason)")
@@ -109,7 +109,7 @@ struct StreamTableTests {
         let id = try pair.openAccepted()
         let reset = pair.listener.reset(id, reason: "disk full")
         let rst = try #require(reset)
-        #expect(rst == .data(stream: id, flags: .rst, payload: Array("disk full".utf8)))
+        #expect(rst == .data(stream: id, flags: .rst, payload: FramePayload("disk full".utf8)))
         #expect(pair.listener[id] == nil)
         #expect(pair.listener.reset(id, reason: "again") == nil)
         #expect(try pair.dialer.receive(rst).events == [.reset(id: id, reason: "disk full")])
@@ -128,13 +128,13 @@ struct StreamTableTests {
         _ = try listener.receive(first.frame)
         _ = try listener.receive(second.frame)
         // A peer that opens more than allowed is answered with RST, and nothing opens.
-        let third = try listener.receive(.data(stream: 5, flags: .syn, payload: Array("3".utf8)))
+        let third = try listener.receive(.data(stream: 5, flags: .syn, payload: FramePayload("3".utf8)))
         #expect(third.events.isEmpty)
         guard case .data(5, let flags, let reason)? = third.frames.first, flags == .rst else {
             Issue.record("expected an RST for stream 5, got \(third.frames)")
             return
         }
-        #expect(String(decoding: reason, as: UTF8.self).contains("too many streams"))
+        #expect(String(decoding: reason.array, as: UTF8.self).contains("too many streams"))
         #expect(try dialer.receive(third.frames[0]).events.isEmpty)  // 5 was never opened there
         #expect(listener.openCounts.incoming == 2)
     }
@@ -151,7 +151,7 @@ struct StreamTableTests {
         #expect(throws: WireError.self) { try listener.receive(.data(stream: 5, flags: .syn, payload: [])) }
         #expect(throws: WireError.self) { try listener.receive(.data(stream: 7, flags: .syn, payload: [0xFF, 0xFE])) }
         #expect(throws: WireError.self) {
-            try listener.receive(.data(stream: 9, flags: .syn, payload: [UInt8](repeating: 0x61, count: 256)))
+            try listener.receive(.data(stream: 9, flags: .syn, payload: FramePayload(repeating: 0x61, count: 256)))
         }
         // A stream opens with DATA, not WINDOW_UPDATE.
         #expect(throws: WireError.self) { try listener.receive(.windowUpdate(stream: 11, flags: .syn, credit: 0)) }
@@ -167,7 +167,7 @@ struct StreamTableTests {
     @Test func noUpdatesAfterThePeerFinished() throws {
         var pair = TablePair()
         let id = try pair.openAccepted()
-        _ = try pair.listener.receive(.data(stream: id, flags: .fin, payload: [UInt8](repeating: 1, count: 16384)))
+        _ = try pair.listener.receive(.data(stream: id, flags: .fin, payload: FramePayload(repeating: 1, count: 16384)))
         #expect(pair.listener.consumed(id, count: Self.window) == nil)
     }
 }
@@ -175,7 +175,7 @@ struct StreamTableTests {
 @Suite("Streams: frame scheduler order")
 struct FrameSchedulerTests {
     static func data(_ stream: UInt32, _ byte: UInt8, count: Int = 4, flags: FrameFlags = []) -> Frame {
-        .data(stream: stream, flags: flags, payload: [UInt8](repeating: byte, count: count))
+        .data(stream: stream, flags: flags, payload: FramePayload(repeating: byte, count: count))
     }
 
     @Test func controlThenMessagesThenDataRoundRobin() {
@@ -204,8 +204,8 @@ struct FrameSchedulerTests {
         var scheduler = FrameScheduler()
         for index in 0..<64 { scheduler.enqueue(Self.data(1, UInt8(index), count: 16384)) }
         _ = scheduler.next()
-        scheduler.enqueue(.message(id: 7, flags: [], chunk: Array("hi".utf8)))
-        #expect(scheduler.next() == .message(id: 7, flags: [], chunk: Array("hi".utf8)))
+        scheduler.enqueue(.message(id: 7, flags: [], chunk: FramePayload("hi".utf8)))
+        #expect(scheduler.next() == .message(id: 7, flags: [], chunk: FramePayload("hi".utf8)))
         #expect(scheduler.queuedDataBytes == 63 * 16384)
     }
 
@@ -215,9 +215,9 @@ struct FrameSchedulerTests {
         scheduler.enqueue(Self.data(1, 2))
         scheduler.enqueue(Self.data(3, 3))
         scheduler.enqueue(Self.data(1, 4, flags: .fin))
-        scheduler.enqueue(.data(stream: 1, flags: .rst, payload: Array("stop".utf8)))
+        scheduler.enqueue(.data(stream: 1, flags: .rst, payload: FramePayload("stop".utf8)))
         #expect(scheduler.queuedDataBytes == 4)
-        #expect(scheduler.next() == .data(stream: 1, flags: .rst, payload: Array("stop".utf8)))
+        #expect(scheduler.next() == .data(stream: 1, flags: .rst, payload: FramePayload("stop".utf8)))
         #expect(scheduler.next() == Self.data(3, 3))
         #expect(scheduler.next() == nil)
     }

@@ -188,15 +188,15 @@ struct WireFrameTests {
 
     static let frames: [Frame] =
         [
-            .data(stream: 1, flags: .syn, payload: Array("open".utf8)),
+            .data(stream: 1, flags: .syn, payload: FramePayload("open".utf8)),
             .data(stream: 2, flags: [.fin, .ack], payload: []),
-            .data(stream: 3, flags: .rst, payload: [UInt8](repeating: 0xAB, count: 16384)),
+            .data(stream: 3, flags: .rst, payload: FramePayload(repeating: 0xAB, count: 16384)),
             .windowUpdate(stream: 1, flags: [], credit: 262_144),
             .windowUpdate(stream: .max, flags: .syn, credit: .max),
             .ping(flags: .syn, opaque: 0x0102_0304_0506_0708), .ping(flags: .ack, opaque: .max),
             .goAway(code: .normal, reason: "bye"), .goAway(code: .keepAliveTimeout, reason: ""),
-            .message(id: 1, flags: .more, chunk: [UInt8](repeating: 7, count: 16384)),
-            .message(id: 1, flags: [], chunk: Array("tail".utf8)),
+            .message(id: 1, flags: .more, chunk: FramePayload(repeating: 7, count: 16384)),
+            .message(id: 1, flags: [], chunk: FramePayload("tail".utf8)),
             .datagram(Array("unreliable".utf8)), .datagram([]),
         ] + controls.map(Frame.control)
 
@@ -226,6 +226,37 @@ struct WireFrameTests {
         #expect(decoded.map(\.sequence) == frames.map(\.1))
         // a frame cut short by the record's end is malformed
         #expect(throws: WireError.self) { try Frame.decodeRecord(record.dropLast()) }
+    }
+
+    /// A payload is as small as an array (frames are copied on their way, and a larger one
+    /// would cost every small message); a part of an array and the same bytes whole are equal
+    /// and hash alike; a decoded payload is an array of its own, copied out of the record once
+    /// and handed on without another copy.
+    @Test func framePayloads() throws {
+        #expect(MemoryLayout<FramePayload>.size == MemoryLayout<[UInt8]>.size)
+        let bytes = (0..<5000).map { UInt8(truncatingIfNeeded: $0) }
+        let part = FramePayload(bytes[100..<300])
+        let whole = FramePayload(Array(bytes[100..<300]))
+        #expect(part == whole && part.hashValue == whole.hashValue && part.count == 200)
+        #expect(part != FramePayload(Array(bytes[101..<301])))
+        #expect(part.array == Array(bytes[100..<300]))
+
+        func address(_ raw: UnsafeRawBufferPointer) -> UInt { UInt(bitPattern: raw.baseAddress) }
+        var record = try Frame.message(id: 3, flags: [], chunk: FramePayload(bytes[...])).encoded(sequence: 1)
+        record += try Frame.data(stream: 5, flags: [], payload: FramePayload(bytes[100...])).encoded(sequence: 2)
+        let recordStart = record.withUnsafeBytes(address)
+        let recordRange = recordStart..<(recordStart + UInt(record.count))
+        let decoded = try Frame.decodeRecord(record[...])
+        guard decoded.count == 2, case .message(3, [], let chunk) = decoded[0].frame, case .data(5, [], let payload) = decoded[1].frame
+        else {
+            Issue.record("decoded \(decoded)")
+            return
+        }
+        for (received, expected) in [(chunk, Array(bytes)), (payload, Array(bytes[100...]))] {
+            #expect(received.array == expected)
+            #expect(!recordRange.contains(received.withUnsafeBytes(address)), "a payload still refers to the record's buffer")
+            #expect(received.array.withUnsafeBytes(address) == received.withUnsafeBytes(address), "the array is a copy")
+        }
     }
 
     @Test func sequenceNumbersAreWhereTheTypeSaysAndNowhereElse() {

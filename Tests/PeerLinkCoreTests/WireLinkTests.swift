@@ -68,8 +68,8 @@ struct WireLinkTests {
 
         // Records flow both ways, in order.
         let toListener: [Frame] = [
-            .message(id: 1, flags: .more, chunk: [UInt8](repeating: 1, count: 16384)),
-            .message(id: 1, flags: [], chunk: Array("end".utf8)),
+            .message(id: 1, flags: .more, chunk: FramePayload(repeating: 1, count: 16384)),
+            .message(id: 1, flags: [], chunk: FramePayload("end".utf8)),
             .control(.invite(invitation: 1, session: WireFixture.session, timeoutMilliseconds: 30_000, context: [7])),
             .data(stream: 1, flags: .syn, payload: [1, 2, 3]),
         ]
@@ -94,11 +94,11 @@ struct WireLinkTests {
         #expect(Self.established(pair.dialerEvents)?.encrypted == encrypted)
         let handshakeBytes = pair.dialerWire.count
         let secret = Array("the secret payload of a MESSAGE frame".utf8)
-        try pair.dialerSends(.message(id: 1, flags: [], chunk: secret))
+        try pair.dialerSends(.message(id: 1, flags: [], chunk: FramePayload(secret)))
         let afterHandshake = Array(pair.dialerWire[handshakeBytes...])
         #expect(afterHandshake.containsRun(secret) == !encrypted)
         #expect(afterHandshake.count == 2 + 12 + 8 + secret.count + (encrypted ? 16 : 0))
-        #expect(pair.listenerEvents.last == .sequenced(.message(id: 1, flags: [], chunk: secret), sequence: 1))
+        #expect(pair.listenerEvents.last == .sequenced(.message(id: 1, flags: [], chunk: FramePayload(secret)), sequence: 1))
     }
 
     @Test(arguments: [true, false])
@@ -113,7 +113,7 @@ struct WireLinkTests {
         for index in 0..<2000 {
             let sequence = UInt64(index + 1)
             let size = index == 700 ? WireFormat.maxFramePayload : 64
-            let frame = Frame.message(id: UInt32(index + 1), flags: [], chunk: [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: size))
+            let frame = Frame.message(id: UInt32(index + 1), flags: [], chunk: FramePayload(repeating: UInt8(truncatingIfNeeded: index), count: size))
             frames.append((frame, sequence))
             expected.append(.sequenced(frame, sequence: sequence))
             if index % 500 == 0 {
@@ -161,7 +161,7 @@ struct WireLinkTests {
             let frames = (0..<8).map { offset -> (frame: Frame, sequence: UInt64?) in
                 let sequence = UInt64(index * 8 + offset + 1)
                 let frame = Frame.message(
-                    id: UInt32(sequence), flags: [], chunk: [UInt8](repeating: UInt8(sequence), count: WireFormat.maxFramePayload))
+                    id: UInt32(sequence), flags: [], chunk: FramePayload(repeating: UInt8(sequence), count: WireFormat.maxFramePayload))
                 expected.append(.sequenced(frame, sequence: sequence))
                 return (frame, sequence)
             }
@@ -668,7 +668,7 @@ struct WireLinkHostileTests {
         var frames: [(frame: Frame, sequence: UInt64?)] = []
         for index in 0..<40 {
             let size = index % 3 == 0 ? WireFormat.maxFramePayload : 200 + index
-            frames.append((.message(id: UInt32(index + 1), flags: [], chunk: [UInt8](repeating: UInt8(index), count: size)), UInt64(index + 1)))
+            frames.append((.message(id: UInt32(index + 1), flags: [], chunk: FramePayload(repeating: UInt8(index), count: size)), UInt64(index + 1)))
         }
         var wire: [UInt8] = []
         for frame in frames { wire += try pair.dialer.send([frame], at: .zero).sentBytes }

@@ -305,7 +305,7 @@ struct HostilePeerTests {
                 for id in 1...40 {
                     guard ContinuousClock.now < deadline else { break sending }
                     do {
-                        try await attacker.send(.message(id: UInt32(id), flags: .more, chunk: chunk))
+                        try await attacker.send(.message(id: UInt32(id), flags: .more, chunk: FramePayload(chunk)))
                     } catch {
                         break sending  // the victim closed the connection
                     }

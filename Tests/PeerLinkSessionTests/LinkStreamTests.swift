@@ -28,7 +28,7 @@ func openBulkStream(on channel: PeerChannel, to peer: inout RawPeer, credit: Int
         Issue.record("expected a SYN, got \(peer.events)")
         throw CancellationError()
     }
-    #expect(name == Array("bulk".utf8))
+    #expect(name.array == Array("bulk".utf8))
     try await peer.send(.windowUpdate(stream: id, flags: .ack, credit: UInt32(credit)))
     return try await opening.value
 }
@@ -120,7 +120,7 @@ struct LinkStreamTests {
             let writer = Task { [peer] in
                 var peer = peer
                 for index in 0..<count {
-                    try await peer.send(.message(id: 1, flags: index == count - 1 ? [] : .more, chunk: chunk))
+                    try await peer.send(.message(id: 1, flags: index == count - 1 ? [] : .more, chunk: FramePayload(chunk)))
                 }
             }
             try await Task.sleep(for: .milliseconds(500))
@@ -133,7 +133,7 @@ struct LinkStreamTests {
                     Issue.record("unexpected \(event)")
                     break
                 }
-                #expect(bytes == chunk)
+                #expect(bytes.array == chunk)
                 received += 1
             }
             #expect(received == count)
@@ -158,7 +158,7 @@ struct LinkStreamTests {
             // The greedy peer's fingerprint may be either side of Bo's: it opens a stream with an
             // id of its own parity (the smaller fingerprint opens odd ones).
             let id: UInt32 = try await link.established.remote.fingerprint < server.fingerprint ? 1 : 2
-            try await peer.send(.data(stream: id, flags: .syn, payload: Array("flood".utf8)))
+            try await peer.send(.data(stream: id, flags: .syn, payload: FramePayload("flood".utf8)))
             var streams = opened.makeAsyncIterator()
             guard let stream = await streams.next() else {
                 Issue.record("the channel did not report the stream the peer opened")
@@ -173,7 +173,7 @@ struct LinkStreamTests {
             #expect(peer.frames.first { if case .windowUpdate = $0 { true } else { false } } == .windowUpdate(stream: id, flags: .ack, credit: 0))
 
             let chunk = [UInt8](repeating: 1, count: WireFormat.maxFramePayload)
-            for _ in 0...(WireFormat.initialStreamWindow / chunk.count) { try await peer.send(.data(stream: id, flags: [], payload: chunk)) }
+            for _ in 0...(WireFormat.initialStreamWindow / chunk.count) { try await peer.send(.data(stream: id, flags: [], payload: FramePayload(chunk))) }
             let closure = await events.closure()
             #expect(closure?.code == .protocolError)
             #expect(closure?.reason.contains("window") == true, "\(closure?.reason ?? "")")
@@ -242,7 +242,7 @@ struct LinkSchedulingTests {
                 try #require(await peer.readOnce(), "the link ended: \(String(describing: peer.events.last))")
                 dataFrames = peer.frames.count { if case .data(_, [], _) = $0 { true } else { false } }
             }
-            let chat = Frame.message(id: 1, flags: [], chunk: Array("chat".utf8))
+            let chat = Frame.message(id: 1, flags: [], chunk: FramePayload("chat".utf8))
             let sending = Task { try await link.send(chat) }
             let before = peer.frames.count
             while !peer.frames.contains(chat) {
@@ -281,35 +281,35 @@ struct LinkAcknowledgementTests {
             var arrived = link.events.makeAsyncIterator()
             func arrival(of text: String) async throws {
                 while let event = await arrived.next() {
-                    if case .frame(.message(_, _, let chunk)) = event, chunk == Array(text.utf8) { return }
+                    if case .frame(.message(_, _, let chunk)) = event, chunk.array == Array(text.utf8) { return }
                 }
                 Issue.record("the link ended before \"\(text)\" arrived")
                 throw CancellationError()
             }
 
             // On a new link the first ACK goes at once (the peer must hear where it stands).
-            try await peer.send(.message(id: 1, flags: [], chunk: Array("one".utf8)))
+            try await peer.send(.message(id: 1, flags: [], chunk: FramePayload("one".utf8)))
             while !acknowledged(1) { try #require(await peer.readOnce(), "the link ended") }
 
             // Nothing goes back: the next ACK is written when the delay is over, not before.
-            try await peer.send(.message(id: 2, flags: [], chunk: Array("two".utf8)))
+            try await peer.send(.message(id: 2, flags: [], chunk: FramePayload("two".utf8)))
             try await clock.waitForSleeper(until: .init(offset: delay))
             #expect(accepted.bufferedByteCount == 0, "written before the ACK delay")
             clock.advance(to: .init(offset: delay))
             while !acknowledged(2) { try #require(await peer.readOnce(), "the link ended") }
 
             // A reply carries the ACK for the next one.
-            try await peer.send(.message(id: 3, flags: [], chunk: Array("three".utf8)))
+            try await peer.send(.message(id: 3, flags: [], chunk: FramePayload("three".utf8)))
             try await clock.waitForSleeper(until: .init(offset: delay * 2))
-            channel.enqueue([.message(id: 1, flags: [], chunk: Array("reply".utf8))])
+            channel.enqueue([.message(id: 1, flags: [], chunk: FramePayload("reply".utf8))])
             channel.deliverPending()
             while !acknowledged(3) { try #require(await peer.readOnce(), "the link ended") }
-            #expect(peer.frames.contains(.message(id: 1, flags: [], chunk: Array("reply".utf8))))
+            #expect(peer.frames.contains(.message(id: 1, flags: [], chunk: FramePayload("reply".utf8))))
 
             // The fourth arrives 1 ms later: its ACK is due a delay after it, not at the deadline
             // the ticker kept from the third (which passes with nothing written), nor later.
             clock.advance(to: .init(offset: delay + .milliseconds(1)))
-            try await peer.send(.message(id: 4, flags: [], chunk: Array("four".utf8)))
+            try await peer.send(.message(id: 4, flags: [], chunk: FramePayload("four".utf8)))
             try await arrival(of: "four")
             let due = delay * 2 + .milliseconds(1)
             clock.advance(to: .init(offset: delay * 2))

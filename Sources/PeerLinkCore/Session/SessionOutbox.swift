@@ -97,8 +97,12 @@ struct PeerOutbox: Sendable {
             message.id = id
         }
         let end = min(message.offset + WireFormat.maxFramePayload, message.bytes.count)
-        // A message that fits one frame is its own chunk: no copy.
-        let chunk = message.offset == 0 && end == message.bytes.count ? message.bytes : Array(message.bytes[message.offset..<end])
+        // A message that fits one frame is its own chunk; a longer one's chunks are parts of it
+        // (its storage shared, kept while the pair's continuity holds a chunk for a resend):
+        // no copy either way.
+        let chunk =
+            message.offset == 0 && end == message.bytes.count
+            ? FramePayload(message.bytes) : FramePayload(message.bytes[message.offset..<end])
         message.offset = end
         let finished = end == message.bytes.count
         if finished { startedBytes -= message.bytes.count } else { started.append(message) }
@@ -135,13 +139,15 @@ package struct MessageReassembly: Sendable {
         case tooLarge(Int)
     }
 
-    package mutating func add(id: UInt32, flags: FrameFlags, chunk: [UInt8]) -> Outcome {
+    /// Takes a chunk of message `id`. A whole chunk (a decoded frame's) is kept or delivered as
+    /// its own array, not copied.
+    package mutating func add(id: UInt32, flags: FrameFlags, chunk: FramePayload) -> Outcome {
         guard var message = partial.removeValue(forKey: id) else {
             // The first chunk: a whole message when no more follow (a chunk is never over the
             // limit: a frame is far shorter).
-            guard flags.contains(.more) else { return .complete(chunk) }
+            guard flags.contains(.more) else { return .complete(chunk.array) }
             bufferedBytes += chunk.count
-            partial[id] = Partial(pieces: [chunk], count: chunk.count)
+            partial[id] = Partial(pieces: [chunk.array], count: chunk.count)
             return .incomplete
         }
         bufferedBytes -= message.count
@@ -149,9 +155,9 @@ package struct MessageReassembly: Sendable {
         guard total <= WireFormat.maxMessageLength else { return .tooLarge(total) }
         if flags.contains(.more) {
             if let last = message.pieces.indices.last, message.pieces[last].count < WireFormat.maxFramePayload {
-                message.pieces[last] += chunk
+                chunk.append(to: &message.pieces[last])
             } else {
-                message.pieces.append(chunk)
+                message.pieces.append(chunk.array)
             }
             message.count = total
             bufferedBytes += total
@@ -161,7 +167,7 @@ package struct MessageReassembly: Sendable {
         var bytes: [UInt8] = []
         bytes.reserveCapacity(total)
         for piece in message.pieces { bytes += piece }
-        bytes += chunk
+        chunk.append(to: &bytes)
         return .complete(bytes)
     }
 }

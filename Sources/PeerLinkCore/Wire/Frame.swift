@@ -157,8 +157,8 @@ public struct FrameHeader: Hashable, Sendable {
 /// `GO_AWAY`, `CONTROL` and `DATAGRAM` frames are encoded without flags, and any flags on
 /// them are ignored when decoding.
 public enum Frame: Hashable, Sendable, CustomStringConvertible {
-    /// Stream bytes.
-    case data(stream: UInt32, flags: FrameFlags, payload: [UInt8])
+    /// Stream bytes (a part of a larger write shares its storage: ``FramePayload``).
+    case data(stream: UInt32, flags: FrameFlags, payload: FramePayload)
     /// Credit added to the stream's send window.
     case windowUpdate(stream: UInt32, flags: FrameFlags, credit: UInt32)
     /// A ping request (``FrameFlags/syn``) or reply (``FrameFlags/ack``) with 8 opaque bytes.
@@ -167,8 +167,9 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
     case goAway(code: GoAwayCode, reason: String)
     /// A session control message.
     case control(ControlMessage)
-    /// A chunk of a reliable message; ``FrameFlags/more`` on every chunk but the last.
-    case message(id: UInt32, flags: FrameFlags, chunk: [UInt8])
+    /// A chunk of a reliable message; ``FrameFlags/more`` on every chunk but the last (a part of
+    /// a larger message shares its storage: ``FramePayload``).
+    case message(id: UInt32, flags: FrameFlags, chunk: FramePayload)
     /// One unreliable message, whole.
     case datagram([UInt8])
     /// Every sequenced frame up to this sequence number arrived (see ``FrameType/isSequenced``).
@@ -219,10 +220,12 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
     public func encode(sequence: UInt64? = nil, into bytes: inout [UInt8]) throws(WireError) {
         let id: UInt32
         let flags: FrameFlags
+        // A DATA or MESSAGE frame's payload as it is; any other frame's written here.
+        var carried: FramePayload?
         var payload: [UInt8] = []
         switch self {
         case .data(let stream, let dataFlags, let bytes):
-            (id, flags, payload) = (stream, dataFlags, bytes)
+            (id, flags, carried) = (stream, dataFlags, bytes)
         case .windowUpdate(let stream, let updateFlags, let credit):
             (id, flags) = (stream, updateFlags)
             payload.appendBigEndian(credit)
@@ -237,7 +240,7 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
             (id, flags) = (0, [])
             payload = try message.encoded()
         case .message(let messageID, let messageFlags, let chunk):
-            (id, flags, payload) = (messageID, messageFlags, chunk)
+            (id, flags, carried) = (messageID, messageFlags, chunk)
         case .datagram(let bytes):
             (id, flags, payload) = (0, [], bytes)
         case .ack(let through):
@@ -250,14 +253,15 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
         } else if sequence != nil {
             throw .malformed("a \(type) frame carries no sequence number")
         }
-        guard payload.count <= WireFormat.maxFramePayload else {
+        let length = carried?.count ?? payload.count
+        guard length <= WireFormat.maxFramePayload else {
             throw .malformed(
-                "a \(type) frame of \(payload.count) bytes is over the limit of \(WireFormat.maxFramePayload)")
+                "a \(type) frame of \(length) bytes is over the limit of \(WireFormat.maxFramePayload)")
         }
-        let header = FrameHeader(type: type, flags: flags, streamID: id, length: UInt32(payload.count), sequence: sequence)
-        if bytes.isEmpty { bytes.reserveCapacity(header.encodedLength + payload.count) }
+        let header = FrameHeader(type: type, flags: flags, streamID: id, length: UInt32(length), sequence: sequence)
+        if bytes.isEmpty { bytes.reserveCapacity(header.encodedLength + length) }
         header.encode(into: &bytes)
-        bytes.append(contentsOf: payload)
+        if let carried { carried.append(to: &bytes) } else { bytes.append(contentsOf: payload) }
     }
 
     /// Decodes a record's body (after decryption): one or more whole frames, back to back.
@@ -298,7 +302,7 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
         var reader = WireReader(payload)
         switch header.type {
         case .data:
-            return .data(stream: header.streamID, flags: header.flags, payload: Array(payload))
+            return .data(stream: header.streamID, flags: header.flags, payload: FramePayload(Array(payload)))
         case .windowUpdate:
             guard payload.count == 4, let credit = reader.uint32() else {
                 throw .malformed("a WINDOW_UPDATE payload is 4 bytes, not \(payload.count)")
@@ -317,7 +321,7 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
         case .control:
             return .control(try ControlMessage.decode(payload))
         case .message:
-            return .message(id: header.streamID, flags: header.flags, chunk: Array(payload))
+            return .message(id: header.streamID, flags: header.flags, chunk: FramePayload(Array(payload)))
         case .datagram:
             return .datagram(Array(payload))
         case .ack:

@@ -104,7 +104,8 @@ public struct FrameScheduler: Sendable {
     public static func size(of frame: Frame) -> Int {
         let payload: Int =
             switch frame {
-            case .data(_, _, let bytes), .message(_, _, let bytes), .datagram(let bytes): bytes.count
+            case .data(_, _, let bytes), .message(_, _, let bytes): bytes.count
+            case .datagram(let bytes): bytes.count
             case .windowUpdate: 4
             case .ping, .ack: 8
             case .goAway(_, let reason): 4 + reason.utf8.count

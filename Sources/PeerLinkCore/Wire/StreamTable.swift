@@ -129,7 +129,7 @@ public struct StreamTable: Sendable {
         nextLocalID += 2
         entries[id] = Entry(
             name: name, isOutgoing: true, isAccepted: false, sendWindow: initialWindow, receiveWindow: initialWindow)
-        return (id, .data(stream: id, flags: .syn, payload: bytes))
+        return (id, .data(stream: id, flags: .syn, payload: FramePayload(bytes)))
     }
 
     /// Takes up to `count` bytes of the stream's send credit: how many may be sent now (0 when
@@ -197,13 +197,13 @@ public struct StreamTable: Sendable {
         switch frame {
         case .data(let id, let flags, let payload):
             if flags.contains(.syn) {
-                try acceptSYN(id, flags: flags, name: payload, into: &outcome)
+                try acceptSYN(id, flags: flags, name: payload.array, into: &outcome)
                 return outcome
             }
             guard var entry = entries[id] else { return outcome }
             if flags.contains(.rst) {
                 entries[id] = nil
-                let reason = WireText.lenient(payload)
+                let reason = WireText.lenient(payload.array)
                 outcome.events.append(.reset(id: id, reason: reason.isEmpty ? "no reason given" : reason))
                 return outcome
             }
@@ -226,7 +226,8 @@ public struct StreamTable: Sendable {
                     outcome.events.append(.accepted(id: id))
                 }
                 entry.receiveWindow -= payload.count
-                outcome.events.append(.data(id: id, bytes: payload))
+                // a decoded frame's own array: no copy
+                outcome.events.append(.data(id: id, bytes: payload.array))
             }
             entries[id] = entry
             if flags.contains(.fin), !entry.remoteFinished {
@@ -305,6 +306,6 @@ public struct StreamTable: Sendable {
     }
 
     static func resetFrame(_ id: UInt32, reason: String) -> Frame {
-        .data(stream: id, flags: .rst, payload: WireText.utf8(reason, limit: WireFormat.maxResetReasonLength))
+        .data(stream: id, flags: .rst, payload: FramePayload(WireText.utf8(reason, limit: WireFormat.maxResetReasonLength)))
     }
 }
