@@ -71,7 +71,7 @@ public enum HeapTuning {
     public static func keepDefaults() {
         state.withLock { state in
             state.kept = true
-            if state.outcome == nil { state.outcome = .left("the app keeps glibc's defaults (HeapTuning.keepDefaults())") }
+            if state.outcome == nil { state.outcome = .left(keptByTheApp) }
         }
     }
 
@@ -86,6 +86,8 @@ public enum HeapTuning {
             return outcome
         }
     }
+
+    private static let keptByTheApp = "the app keeps glibc's defaults (HeapTuning.keepDefaults())"
 
     private static func decide(environment: [String: String], kept: Bool) -> Outcome {
         if let reason = reasonToLeave(environment: environment, kept: kept) { return .left(reason) }
@@ -104,7 +106,7 @@ public enum HeapTuning {
 
     /// Why the heap is to be left as it is, or nil to tune it: the process's own choice.
     package static func reasonToLeave(environment: [String: String], kept: Bool) -> String? {
-        if kept { return "the app keeps glibc's defaults (HeapTuning.keepDefaults())" }
+        if kept { return keptByTheApp }
         if let setting = environment["PEERLINK_HEAP_TUNING"], ["off", "0", "no", "false"].contains(setting.lowercased()) {
             return "PEERLINK_HEAP_TUNING=\(setting)"
         }

@@ -273,9 +273,7 @@ extension PeerChannel {
                     let credit = state.streams.takeCredit(id, upTo: wanted)
                     guard credit > 0 else { break }
                     // the write itself, or a part of it sharing its storage: not copied
-                    let payload =
-                        start == 0 && credit == bytes.count ? FramePayload(bytes) : FramePayload(bytes[start..<start + credit])
-                    state.scheduler.enqueue(.data(stream: id, flags: [], payload: payload))
+                    state.scheduler.enqueue(.data(stream: id, flags: [], payload: FramePayload(bytes, start..<start + credit)))
                     queued += credit
                 }
                 guard queued > 0 else { return nil }

@@ -242,6 +242,10 @@ struct WireFrameTests {
         #expect(part.array == Array(bytes[100..<300]))
 
         func address(_ raw: UnsafeRawBufferPointer) -> UInt { UInt(bitPattern: raw.baseAddress) }
+        // A range that is all of the array is the array; any other shares its storage.
+        #expect(FramePayload(bytes, bytes.indices).array.withUnsafeBytes(address) == bytes.withUnsafeBytes(address))
+        #expect(FramePayload(bytes, 100..<300).withUnsafeBytes(address) == bytes.withUnsafeBytes(address) + 100)
+        #expect(FramePayload(bytes, 100..<300) == part)
         var record = try Frame.message(id: 3, flags: [], chunk: FramePayload(bytes[...])).encoded(sequence: 1)
         record += try Frame.data(stream: 5, flags: [], payload: FramePayload(bytes[100...])).encoded(sequence: 2)
         let recordStart = record.withUnsafeBytes(address)

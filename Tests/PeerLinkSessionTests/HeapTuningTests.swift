@@ -34,9 +34,11 @@ struct HeapTuningTests {
         defer { client.close() }
         let server = try await accepted
         defer { server.close() }
-        // The server's read waits for the bytes: nothing is written before it had time to park.
+        // Nothing is written until the heap was tuned: the server's read has to park (the first
+        // wait, unless an earlier test's link started the I/O thread already).
         async let read = server.read()
-        try await Task.sleep(for: .milliseconds(50))
+        let deadline = ContinuousClock.now + .seconds(10)
+        while HeapTuning.outcome == nil, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(1)) }
         try await client.write([1, 2, 3])
         #expect(try await read == [1, 2, 3])
         let outcome = try #require(HeapTuning.outcome)

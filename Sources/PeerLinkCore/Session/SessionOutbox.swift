@@ -100,9 +100,7 @@ struct PeerOutbox: Sendable {
         // A message that fits one frame is its own chunk; a longer one's chunks are parts of it
         // (its storage shared, kept while the pair's continuity holds a chunk for a resend):
         // no copy either way.
-        let chunk =
-            message.offset == 0 && end == message.bytes.count
-            ? FramePayload(message.bytes) : FramePayload(message.bytes[message.offset..<end])
+        let chunk = FramePayload(message.bytes, message.offset..<end)
         message.offset = end
         let finished = end == message.bytes.count
         if finished { startedBytes -= message.bytes.count } else { started.append(message) }

@@ -24,6 +24,12 @@ public struct FramePayload: Hashable, Sendable, ExpressibleByArrayLiteral, Custo
     /// The bytes of `slice`, sharing its storage.
     public init(_ slice: ArraySlice<UInt8>) { storage = .part(Part(slice)) }
 
+    /// The bytes of `bytes` in `range`: the array itself when the range is all of it, else a
+    /// part sharing its storage.
+    public init(_ bytes: [UInt8], _ range: Range<Int>) {
+        storage = range == bytes.indices ? .whole(bytes) : .part(Part(bytes[range]))
+    }
+
     /// The bytes of a sequence (copied).
     public init(_ bytes: some Sequence<UInt8>) { storage = .whole(Array(bytes)) }
 
