@@ -83,6 +83,9 @@ struct SessionCore: OutboxOwner {
     /// sleeps towards (or it must stop).
     mutating func wakeTimerIfNeeded() {
         guard timerArmed else { return }
+        // Inputs that only moved messages (most of them) bring no deadline earlier: the timer
+        // sleeps towards one no later than what is due now.
+        guard machine.nextDeadlineMayBeEarlier || phase != .running else { return }
         let next = machine.nextDeadlineInPlace()
         let closer: Bool = if let next { timerDeadline.map { next < $0 } ?? true } else { false }
         if closer || phase != .running { wakeTimer() }

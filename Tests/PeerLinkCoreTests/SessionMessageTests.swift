@@ -27,6 +27,28 @@ struct SessionMessageTests {
         return (link, frames)
     }
 
+    /// Messages sent and received leave the next deadline where it was (the session's timer
+    /// then does not read every peer's record after each); any other input may move it.
+    @Test func onlyMessagesMovingLeaveTheDeadlineAlone() throws {
+        var net = try Self.connectedPair()
+        _ = net.nodes[0].machine.nextDeadlineInPlace()
+        _ = net.nodes[1].machine.nextDeadlineInPlace()
+        #expect(!net.machine(0).nextDeadlineMayBeEarlier)
+        try net.send(0, Self.bytes(100, seed: 1), to: [1])
+        try net.send(0, Self.bytes(40_000, seed: 2), to: [1])
+        let (_, frames) = try Self.drain(&net, 0)
+        let link = try #require(net.machine(1).allLinks.first)
+        net.apply(1, net.nodes[1].machine.framesReceived(frames, on: link, at: net.now))
+        #expect(net.received(1).count == 2)
+        #expect(!net.machine(0).nextDeadlineMayBeEarlier, "sending and taking frames for a member")
+        #expect(!net.machine(1).nextDeadlineMayBeEarlier, "receiving messages")
+        net.apply(1, net.nodes[1].machine.tick(at: net.now))
+        #expect(net.machine(1).nextDeadlineMayBeEarlier, "a tick settles in full")
+        net.nodes[0].machine.settlesEveryInputFully = true
+        try net.send(0, Self.bytes(100, seed: 3), to: [1])
+        #expect(net.machine(0).nextDeadlineMayBeEarlier, "a message settled in full")
+    }
+
     @Test(arguments: [1, 2, 3, 4] as [UInt64])
     func messagesArriveInOrderExactlyOnceBothWays(seed: UInt64) throws {
         var net = try Self.connectedPair(seed: seed)

@@ -23,6 +23,8 @@ struct SessionNet {
         var nextLink = 1
         /// Links announced with `.framesReady` and not yet drained to nil.
         var ready: Set<LinkID> = []
+        /// What `nextDeadlineInPlace()` last gave (nil: never read).
+        var deadlineRead: Duration?? = nil
     }
 
     struct End: Hashable {
@@ -216,10 +218,23 @@ struct SessionNet {
 
     private mutating func tickDue() {
         for node in nodes.indices {
-            if let deadline = nodes[node].machine.nextDeadline, deadline <= now {
+            checkNoDeadlineCameEarlier(node)
+            // read as the session's timer reads it, after every step
+            let deadline = nodes[node].machine.nextDeadlineInPlace()
+            nodes[node].deadlineRead = .some(deadline)
+            if let deadline, deadline <= now {
                 apply(node, nodes[node].machine.tick(at: now))
             }
         }
+    }
+
+    /// While the machine says no deadline can have come earlier since it was last read (the
+    /// session's timer then skips reading it), none has.
+    func checkNoDeadlineCameEarlier(_ node: Int) {
+        guard case .some(let read) = nodes[node].deadlineRead, !nodes[node].machine.nextDeadlineMayBeEarlier,
+            let current = nodes[node].machine.nextDeadline
+        else { return }
+        #expect(read.map { current >= $0 } ?? false, "node \(node): a deadline came earlier (\(current), read \(String(describing: read))) with only messages moving")
     }
 
     private func enabledSteps() -> [Step] {

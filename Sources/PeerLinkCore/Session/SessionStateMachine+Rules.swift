@@ -667,6 +667,7 @@ extension SessionStateMachine {
     /// picks each peer's send link (re-sending what a lost link may have swallowed), announces
     /// ready links, and reports state changes.
     mutating func settle() {
+        nextDeadlineMayBeEarlier = true
         var rounds = 0
         var changed = true
         // The peers in order, sorted once (every message sent or received comes here); sorted

@@ -109,6 +109,13 @@ public struct SessionStateMachine: Sendable {
     /// Every input settles in full, messages too (no fast path): for tests that check the
     /// fast path changes nothing.
     package var settlesEveryInputFully = false
+    /// False while no input since ``nextDeadlineInPlace()`` last looked can have brought a
+    /// deadline earlier than it found: only messages moved (sent, received, or their frames
+    /// taken for a member's link), which move deadlines later or not at all. Every full settle,
+    /// and frames taken for a peer that is not a member (its queue emptied may start its idle
+    /// link's deadline), set it again. A session that sleeps until the next deadline asks it
+    /// after every input: with only messages moving, it need not read every peer's record.
+    public internal(set) var nextDeadlineMayBeEarlier = true
 
     /// What `read` makes of the record at `index`, read where it lies. `peers.values[index]`
     /// read as a value is a copy of the whole record (each array and table in it retained, then
@@ -213,6 +220,7 @@ public struct SessionStateMachine: Sendable {
     /// reads a record's deadlines looks at the table), so it is the table's only owner and
     /// reading a record in place copies nothing.
     public mutating func nextDeadlineInPlace() -> Duration? {
+        nextDeadlineMayBeEarlier = false
         var table = peers
         peers = [:]
         defer { peers = table }
@@ -760,6 +768,7 @@ public struct SessionStateMachine: Sendable {
 
     /// ``nextFrame(for:)`` of the record of the peer `link` sends for, taken out of the table.
     private mutating func nextFrame(from record: inout PeerRecord, on link: LinkID) -> Frame? {
+        if !record.isMember { nextDeadlineMayBeEarlier = true }
         while let control = record.outbox.takeControl() {
             switch control {
             case .invite(let id):
