@@ -292,14 +292,21 @@ extension PeerSession {
     /// The app took `events` from ``events``: their messages' bytes are uncounted on their
     /// peers' channels, with one look-up for the run and one call per peer.
     func eventsTaken(_ events: ArraySlice<PeerSessionEvent>) {
-        var bytes: [Fingerprint: Int] = [:]
+        // The bytes by peer, in a list: a run of events comes from a few peers at most (a
+        // session has eight), and a table would hash a fingerprint for every message.
+        var bytes: [(fingerprint: Fingerprint, count: Int)] = []
         for event in events {
             guard case .message(let peer, let data, _) = event else { continue }
-            bytes[peer.fingerprint, default: 0] += data.count
+            let fingerprint = peer.fingerprint
+            if let index = bytes.firstIndex(where: { $0.fingerprint == fingerprint }) {
+                bytes[index].count += data.count
+            } else {
+                bytes.append((fingerprint, data.count))
+            }
         }
         guard !bytes.isEmpty else { return }
-        let channels = core.withLock { core in bytes.keys.compactMap { key in core.channels[key].map { (key, $0) } } }
-        for (key, channel) in channels { channel.messageBytesConsumed(bytes[key]!) }
+        let channels = core.withLock { core in bytes.compactMap { entry in core.channels[entry.fingerprint].map { ($0, entry.count) } } }
+        for (channel, count) in channels { channel.messageBytesConsumed(count) }
     }
 
     /// What an event weighs towards how soon it is told as taken: a message, its bytes.

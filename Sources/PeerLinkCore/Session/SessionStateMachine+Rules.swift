@@ -604,20 +604,37 @@ extension SessionStateMachine {
             settle()
             return
         }
-        // What `pump` would do for a peer whose links, invitations and joins are as the last
-        // settle left them: announce frames queued for its send link.
-        for fingerprint in involved.count > 1 ? involved.sorted() : involved {
-            // in place (see `inPlace`): this runs for every message
-            guard let index = peers.index(forKey: fingerprint),
-                let link = inPlace(index, { record -> LinkID? in
-                    guard let link = record.sendLink, !record.signalled, !record.outbox.isEmpty else { return nil }
-                    record.signalled = true
-                    return link
-                })
-            else { continue }
-            emit(.framesReady(link))
+        for fingerprint in involved.count > 1 ? involved.sorted() : involved { announceFrames(of: fingerprint) }
+        notePurposes()
+    }
+
+    /// ``settle(movingMessagesOf:)`` for one peer (most inputs): no list to build.
+    mutating func settle(movingMessagesOf fingerprint: Fingerprint) {
+        guard now < rulesQuietUntil, !settlesEveryInputFully else {
+            settle()
+            return
         }
-        // No state changes either; each peer with business had it until now.
+        announceFrames(of: fingerprint)
+        notePurposes()
+    }
+
+    /// What `pump` would do for a peer whose links, invitations and joins are as the last
+    /// settle left them: announce frames queued for its send link.
+    private mutating func announceFrames(of fingerprint: Fingerprint) {
+        // in place (see `inPlace`): this runs for every message
+        guard let index = peers.index(forKey: fingerprint),
+            let link = inPlace(index, { record -> LinkID? in
+                guard let link = record.sendLink, !record.signalled, !record.outbox.isEmpty else { return nil }
+                record.signalled = true
+                return link
+            })
+        else { return }
+        emit(.framesReady(link))
+    }
+
+    /// What `reportStates` does after an input that changed no peer's state: each peer with
+    /// business had it until now.
+    private mutating func notePurposes() {
         let now = now
         var index = peers.values.startIndex
         while index != peers.values.endIndex {

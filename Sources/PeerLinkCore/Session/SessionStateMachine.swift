@@ -386,20 +386,43 @@ public struct SessionStateMachine: Sendable {
     ///   peer, too large — a too large unreliable message is also counted in ``droppedDatagrams``).
     public mutating func send(_ data: [UInt8], to targets: [PeerID], reliable: Bool = true) throws(PeerLinkError) -> [SessionAction] {
         guard !targets.isEmpty else { throw PeerLinkError(.invalidParameter, "a message needs at least one peer to go to") }
+        if targets.count == 1 {
+            // One peer, as most messages go: no lists to build for it.
+            let fingerprint = targets[0].fingerprint
+            let index = try memberIndex(of: targets[0])
+            try checkSize(of: data, reliable: reliable)
+            enqueue(data, reliable: reliable, at: index, for: fingerprint)
+            settle(movingMessagesOf: fingerprint)
+            return takeActions()
+        }
         var fingerprints: [Fingerprint] = []
         // where their records are (the table does not change while the message is queued)
         var indices: [[Fingerprint: PeerRecord].Index] = []
         for target in targets where !fingerprints.contains(target.fingerprint) {
-            guard target.fingerprint != localPeer.fingerprint else {
-                throw PeerLinkError(.invalidParameter, "a peer cannot send a message to itself")
-            }
-            // in place: `peers[key]?.field` copies the whole record out first
-            guard let index = peers.index(forKey: target.fingerprint), inPlace(index, { $0.isMember }) else {
-                throw PeerLinkError(.notConnected, "\(target) is not connected; nothing was sent")
-            }
+            indices.append(try memberIndex(of: target))
             fingerprints.append(target.fingerprint)
-            indices.append(index)
         }
+        try checkSize(of: data, reliable: reliable)
+        for (fingerprint, index) in zip(fingerprints, indices) { enqueue(data, reliable: reliable, at: index, for: fingerprint) }
+        settle(movingMessagesOf: fingerprints)
+        return takeActions()
+    }
+
+    /// Where the record of `target`, a member a message may go to, lies in ``peers``.
+    private mutating func memberIndex(of target: PeerID) throws(PeerLinkError) -> [Fingerprint: PeerRecord].Index {
+        guard target.fingerprint != localPeer.fingerprint else {
+            throw PeerLinkError(.invalidParameter, "a peer cannot send a message to itself")
+        }
+        // in place: `peers[key]?.field` copies the whole record out first
+        guard let index = peers.index(forKey: target.fingerprint), inPlace(index, { $0.isMember }) else {
+            throw PeerLinkError(.notConnected, "\(target) is not connected; nothing was sent")
+        }
+        return index
+    }
+
+    /// Throws when `data` is over the size a message of its kind may have (a too large
+    /// unreliable one is counted in ``droppedDatagrams``).
+    private mutating func checkSize(of data: [UInt8], reliable: Bool) throws(PeerLinkError) {
         if reliable {
             guard data.count <= WireFormat.maxMessageLength else {
                 throw PeerLinkError(
@@ -407,7 +430,6 @@ public struct SessionStateMachine: Sendable {
                     "a message is at most \(WireFormat.maxMessageLength) bytes (16 MiB); this one is \(data.count). "
                         + "Send a resource or a stream instead")
             }
-            for index in indices { inPlace(index) { $0.outbox.enqueueMessage(data) } }
         } else {
             guard data.count <= WireFormat.maxFramePayload else {
                 droppedDatagrams += 1
@@ -415,15 +437,20 @@ public struct SessionStateMachine: Sendable {
                     .invalidParameter,
                     "an unreliable message is at most \(WireFormat.maxFramePayload) bytes; this one (\(data.count)) was dropped")
             }
-            let limit = policy.maximumQueuedDatagrams
-            for (fingerprint, index) in zip(fingerprints, indices)
-            where !inPlace(index, { $0.outbox.enqueueDatagram(data, limit: limit) }) {
-                droppedDatagrams += 1
-                droppedDatagramsByPeer[fingerprint, default: 0] += 1
-            }
         }
-        settle(movingMessagesOf: fingerprints)
-        return takeActions()
+    }
+
+    /// Queues `data` for the peer whose record lies at `index`; an unreliable message its lane
+    /// has no room for is dropped and counted.
+    private mutating func enqueue(_ data: [UInt8], reliable: Bool, at index: [Fingerprint: PeerRecord].Index, for fingerprint: Fingerprint) {
+        if reliable {
+            inPlace(index) { $0.outbox.enqueueMessage(data) }
+        } else {
+            let limit = policy.maximumQueuedDatagrams
+            guard !inPlace(index, { $0.outbox.enqueueDatagram(data, limit: limit) }) else { return }
+            droppedDatagrams += 1
+            droppedDatagramsByPeer[fingerprint, default: 0] += 1
+        }
     }
 
     /// Leaves the session: `GO_AWAY` code 0 on every link, every peer `notConnected`, invitations
@@ -635,7 +662,7 @@ public struct SessionStateMachine: Sendable {
             guard let fingerprint = receive(frame, on: link, from: peer) else { continue }
             let closed = closesLink(since: before)
             if let other = unsettled, other != fingerprint || closed || !frame.isMessage {
-                settle(movingMessagesOf: [other])
+                settle(movingMessagesOf: other)
                 unsettled = nil
             }
             if frame.isMessage, !closed {
@@ -644,7 +671,7 @@ public struct SessionStateMachine: Sendable {
                 settleAfterReceiving(frame, from: fingerprint, closedLink: closed)
             }
         }
-        if let unsettled { settle(movingMessagesOf: [unsettled]) }
+        if let unsettled { settle(movingMessagesOf: unsettled) }
         return takeActions()
     }
 
@@ -656,7 +683,7 @@ public struct SessionStateMachine: Sendable {
     /// What the rules do after `frame` from `fingerprint`'s link was taken in.
     private mutating func settleAfterReceiving(_ frame: Frame, from fingerprint: Fingerprint, closedLink: Bool) {
         // After a message, unless a limit closed a link, the rules have no new business.
-        if frame.isMessage, !closedLink { settle(movingMessagesOf: [fingerprint]) } else { settle() }
+        if frame.isMessage, !closedLink { settle(movingMessagesOf: fingerprint) } else { settle() }
     }
 
     /// Takes in `frame` (see ``frameReceived(_:on:from:at:)``), without settling: the peer it
