@@ -140,7 +140,8 @@ package struct MessageReassembly: Sendable {
     /// Takes a chunk of message `id`. A whole chunk (a decoded frame's) is kept or delivered as
     /// its own array, not copied.
     package mutating func add(id: UInt32, flags: FrameFlags, chunk: FramePayload) -> Outcome {
-        guard var message = partial.removeValue(forKey: id) else {
+        // (no look-up while nothing waits: most messages are one chunk)
+        guard !partial.isEmpty, var message = partial.removeValue(forKey: id) else {
             // The first chunk: a whole message when no more follow (a chunk is never over the
             // limit: a frame is far shorter).
             guard flags.contains(.more) else { return .complete(chunk.array) }

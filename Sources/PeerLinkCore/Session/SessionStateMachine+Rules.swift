@@ -608,21 +608,22 @@ extension SessionStateMachine {
         notePurposes()
     }
 
-    /// ``settle(movingMessagesOf:)`` for one peer (most inputs): no list to build.
-    mutating func settle(movingMessagesOf fingerprint: Fingerprint) {
+    /// ``settle(movingMessagesOf:)`` for one peer (most inputs): no list to build; `index`,
+    /// where its record lies, when the caller has it.
+    mutating func settle(movingMessagesOf fingerprint: Fingerprint, at index: [Fingerprint: PeerRecord].Index? = nil) {
         guard now < rulesQuietUntil, !settlesEveryInputFully else {
             settle()
             return
         }
-        announceFrames(of: fingerprint)
+        announceFrames(of: fingerprint, at: index)
         notePurposes()
     }
 
     /// What `pump` would do for a peer whose links, invitations and joins are as the last
     /// settle left them: announce frames queued for its send link.
-    private mutating func announceFrames(of fingerprint: Fingerprint) {
+    private mutating func announceFrames(of fingerprint: Fingerprint, at known: [Fingerprint: PeerRecord].Index? = nil) {
         // in place (see `inPlace`): this runs for every message
-        guard let index = peers.index(forKey: fingerprint),
+        guard let index = known ?? peers.index(forKey: fingerprint),
             let link = inPlace(index, { record -> LinkID? in
                 guard let link = record.sendLink, !record.signalled, !record.outbox.isEmpty else { return nil }
                 record.signalled = true

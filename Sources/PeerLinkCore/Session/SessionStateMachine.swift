@@ -392,7 +392,7 @@ public struct SessionStateMachine: Sendable {
             let index = try memberIndex(of: targets[0])
             try checkSize(of: data, reliable: reliable)
             enqueue(data, reliable: reliable, at: index, for: fingerprint)
-            settle(movingMessagesOf: fingerprint)
+            settle(movingMessagesOf: fingerprint, at: index)
             return takeActions()
         }
         var fingerprints: [Fingerprint] = []
@@ -642,7 +642,8 @@ public struct SessionStateMachine: Sendable {
     ///   closed already — a duplicate the tie-break dropped, a link being replaced — still counts.
     public mutating func frameReceived(_ frame: Frame, on link: LinkID, from peer: PeerID? = nil, at time: Duration) -> [SessionAction] {
         advance(to: time)
-        if let fingerprint = receive(frame, on: link, from: peer) {
+        var sender: Sender?
+        if let fingerprint = receive(frame, on: link, from: peer, sender: &sender) {
             settleAfterReceiving(frame, from: fingerprint, closedLink: closesLink(since: 0))
         }
         return takeActions()
@@ -657,18 +658,24 @@ public struct SessionStateMachine: Sendable {
         advance(to: time)
         // The peer whose messages were taken in and not settled yet.
         var unsettled: Fingerprint?
+        // Who sent the messages of this run and where its record lies: looked up at the run's
+        // first message and forgotten after anything that may change the tables (any other
+        // frame, a settle, a link closed).
+        var sender: Sender?
         for frame in frames {
             let before = actions.count
-            guard let fingerprint = receive(frame, on: link, from: peer) else { continue }
+            guard let fingerprint = receive(frame, on: link, from: peer, sender: &sender) else { continue }
             let closed = closesLink(since: before)
             if let other = unsettled, other != fingerprint || closed || !frame.isMessage {
                 settle(movingMessagesOf: other)
                 unsettled = nil
+                sender = nil
             }
             if frame.isMessage, !closed {
                 unsettled = fingerprint
             } else {
                 settleAfterReceiving(frame, from: fingerprint, closedLink: closed)
+                sender = nil
             }
         }
         if let unsettled { settle(movingMessagesOf: unsettled) }
@@ -686,9 +693,22 @@ public struct SessionStateMachine: Sendable {
         if frame.isMessage, !closedLink { settle(movingMessagesOf: fingerprint) } else { settle() }
     }
 
+    /// The peer a run of messages from one link comes from, and where its record lies in
+    /// ``peers`` (valid while no peer is added or removed).
+    private struct Sender {
+        var fingerprint: Fingerprint
+        var index: [Fingerprint: PeerRecord].Index
+    }
+
     /// Takes in `frame` (see ``frameReceived(_:on:from:at:)``), without settling: the peer it
     /// came from, or nil when it is ignored (a link this side forgot, from a peer not known).
-    private mutating func receive(_ frame: Frame, on link: LinkID, from peer: PeerID?) -> Fingerprint? {
+    /// A message's sender is taken from `sender` when it is known (the run's earlier messages
+    /// looked it up, and the caller forgets it when the tables may have changed), and left there.
+    private mutating func receive(_ frame: Frame, on link: LinkID, from peer: PeerID?, sender: inout Sender?) -> Fingerprint? {
+        if frame.isMessage, let known = sender {
+            receiveMessage(frame, on: link, from: known)
+            return known.fingerprint
+        }
         let fingerprint: Fingerprint
         if let record = links[link] {
             fingerprint = record.peer
@@ -697,18 +717,37 @@ public struct SessionStateMachine: Sendable {
         } else {
             return nil
         }
-        // Where a chunk that breaks a limit is answered: its link, or the peer's link now.
-        // Records are read through an index taken once: `peers[key]!.field` copies the whole
-        // record out first, and this runs for every frame.
-        func culprit() -> LinkID? {
-            if links[link] != nil { return link }
-            return peers.index(forKey: fingerprint).flatMap { sendLink(for: peers.values[$0]) }
+        if frame.isMessage {
+            let known = Sender(fingerprint: fingerprint, index: peers.index(forKey: fingerprint)!)
+            sender = known
+            receiveMessage(frame, on: link, from: known)
+            return fingerprint
         }
         switch frame {
         case .control(let message):
             receive(message, from: fingerprint, on: link)
+        case .message, .datagram:
+            break  // taken above
+        case .goAway(let code, let reason):
+            removeLink(link, code: code, reason: "link closed by the peer, code \(code): \(reason)")
+        case .ping, .data, .windowUpdate, .ack:
+            break
+        }
+        return fingerprint
+    }
+
+    /// Takes in a chunk of a reliable message, or an unreliable message, from `sender`.
+    private mutating func receiveMessage(_ frame: Frame, on link: LinkID, from sender: Sender) {
+        let index = sender.index
+        // Where a chunk that breaks a limit is answered: its link, or the peer's link now.
+        // Records are read through the index: `peers[key]!.field` copies the whole record out
+        // first, and this runs for every frame.
+        func culprit() -> LinkID? {
+            if links[link] != nil { return link }
+            return sendLink(for: peers.values[index])
+        }
+        switch frame {
         case .message(let id, let flags, let chunk):
-            let index = peers.index(forKey: fingerprint)!
             let (before, outcome, held) = inPlace(index) { record in
                 let before = record.reassembly.bufferedBytes
                 let outcome = record.reassembly.add(id: id, flags: flags, chunk: chunk)
@@ -740,18 +779,14 @@ public struct SessionStateMachine: Sendable {
                         + "a message is at most \(WireFormat.maxMessageLength) bytes (16 MiB)")
             }
         case .datagram(let bytes):
-            let index = peers.index(forKey: fingerprint)!
             if let member = inPlace(index, { $0.isMember ? $0.id : nil }) {
                 emit(.event(.messageReceived(member, bytes, reliable: false)))
             } else {
                 ignoredMessages += 1
             }
-        case .goAway(let code, let reason):
-            removeLink(link, code: code, reason: "link closed by the peer, code \(code): \(reason)")
-        case .ping, .data, .windowUpdate, .ack:
+        default:
             break
         }
-        return fingerprint
     }
 
     /// The next frame to write on `link`, or nil when nothing waits for it (then the next
