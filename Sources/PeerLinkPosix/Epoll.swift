@@ -23,11 +23,37 @@ extension Sys {
         _ = try retrying("epoll_ctl") { epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event) }
     }
 
-    /// Waits (without a timeout) for events of `epoll`; 0 when a signal interrupted the wait.
-    static func epollWait(_ epoll: Int32, into events: UnsafeMutableBufferPointer<epoll_event>) throws(SystemError) -> Int {
-        let count = epoll_wait(epoll, events.baseAddress, Int32(events.count), -1)
+    /// Waits for events of `epoll`, without a limit (or none at all with `block` false); 0 when
+    /// a signal interrupted the wait.
+    static func epollWait(_ epoll: Int32, into events: UnsafeMutableBufferPointer<epoll_event>, block: Bool = true) throws(SystemError) -> Int {
+        let count = epoll_wait(epoll, events.baseAddress, Int32(events.count), block ? -1 : 0)
         if count >= 0 { return Int(count) }
         if Glibc.errno == EINTR { return 0 }
         throw SystemError("epoll_wait", errno: Glibc.errno)
+    }
+
+    /// A new eventfd (non-blocking, close-on-exec), counting from zero.
+    static func eventCounter() throws(SystemError) -> Int32 {
+        try retrying("eventfd") { eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC)) }
+    }
+
+    /// Adds `fd` to `epoll` for `events`, level-triggered (it stays armed).
+    static func epollAdd(_ epoll: Int32, _ fd: Int32, events: UInt32) throws(SystemError) {
+        var event = epoll_event()
+        event.events = events
+        event.data.fd = fd
+        _ = try retrying("epoll_ctl") { epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event) }
+    }
+
+    /// Adds one to the eventfd `fd` (which makes it readable); a counter already full stays so.
+    static func signal(_ fd: Int32) {
+        var one: UInt64 = 1
+        _ = Glibc.write(fd, &one, 8)
+    }
+
+    /// Reads the eventfd `fd` back to zero (nothing when it is zero).
+    static func drainCounter(_ fd: Int32) {
+        var value: UInt64 = 0
+        _ = Glibc.read(fd, &value, 8)
     }
 }

@@ -38,6 +38,14 @@ package final class Readiness: @unchecked Sendable {
     private var epoll: Int32 = -1
     /// Descriptors being closed (see ``end(_:)``): a wait on one returns at once.
     private var ended: Set<Int32> = []
+    /// Jobs of tasks that prefer the I/O thread (``IOThreadExecutor``), run between two
+    /// `epoll_wait` calls, in the order they came.
+    private var jobs: [UnownedJob] = []
+    /// The I/O thread is in `epoll_wait`, or about to be, with no job left: a job queued from
+    /// another thread then wakes it (``wakeCounter``).
+    private var sleeping = false
+    /// An eventfd in the epoll set, signalled to wake the I/O thread for a job.
+    private var wakeCounter: Int32 = -1
 
     private static let hangUp = EPOLLERR.rawValue | EPOLLHUP.rawValue
 
@@ -142,10 +150,35 @@ package final class Readiness: @unchecked Sendable {
         waiting[fd] = tokens.isEmpty ? nil : tokens
     }
 
+    /// Queues `job` to run on the I/O thread, started if it was not, and wakes the thread if it
+    /// sleeps in `epoll_wait`. False when there is no I/O thread to be had (no epoll instance or
+    /// eventfd: the process is out of descriptors): the job is not queued.
+    func enqueue(_ job: UnownedJob) -> Bool {
+        let queued = lock.withLock { () -> Bool? in
+            guard (try? startIfNeeded()) != nil else { return nil }
+            jobs.append(job)
+            defer { sleeping = false }
+            return sleeping
+        }
+        guard let wake = queued else { return false }
+        if wake { Sys.signal(wakeCounter) }
+        return true
+    }
+
     /// Called with the lock held.
     private func startIfNeeded() throws(SystemError) {
         guard epoll < 0 else { return }
-        epoll = try Sys.epollCreate()
+        let epoll = try Sys.epollCreate()
+        do throws(SystemError) {
+            wakeCounter = try Sys.eventCounter()
+            try Sys.epollAdd(epoll, wakeCounter, events: EPOLLIN.rawValue)
+        } catch {
+            Sys.close(epoll)
+            if wakeCounter >= 0 { Sys.close(wakeCounter) }
+            wakeCounter = -1
+            throw error
+        }
+        self.epoll = epoll
         // The process moves messages from now on: the heap keeps what they free (HeapTuning).
         HeapTuning.apply()
         let thread = Thread { [self] in run() }
@@ -155,10 +188,18 @@ package final class Readiness: @unchecked Sendable {
 
     private func run() {
         var events = [epoll_event](repeating: epoll_event(), count: 64)
+        let executor = IOThreadExecutor.shared.asUnownedTaskExecutor()
         while true {
+            // Sleeps only with no job queued; a job queued from now on signals the counter.
+            let block = lock.withLock { () -> Bool in
+                sleeping = jobs.isEmpty
+                return sleeping
+            }
             let count: Int
             do {
-                count = try events.withUnsafeMutableBufferPointer { buffer throws(SystemError) in try Sys.epollWait(epoll, into: buffer) }
+                count = try events.withUnsafeMutableBufferPointer { buffer throws(SystemError) in
+                    try Sys.epollWait(epoll, into: buffer, block: block)
+                }
             } catch {
                 // Only a broken epoll descriptor fails here (EBADF, EINVAL): nothing to wait on.
                 Sys.sleep(milliseconds: 100)
@@ -166,8 +207,13 @@ package final class Readiness: @unchecked Sendable {
             }
             var ready: [CheckedContinuation<Void, any Error>] = []
             lock.withLock {
+                sleeping = false
                 for event in events[0..<count] {
                     let fd = event.data.fd
+                    if fd == wakeCounter {
+                        Sys.drainCounter(fd)
+                        continue
+                    }
                     guard let tokens = waiting[fd] else { continue }
                     var left: [UInt64] = []
                     for token in tokens {
@@ -189,7 +235,57 @@ package final class Readiness: @unchecked Sendable {
                     }
                 }
             }
+            // A task that prefers this thread, resumed here, queues its job here (no wake-up).
             for continuation in ready { continuation.resume() }
+            // The jobs queued, and those they queue in turn (a read wakes the app's task, whose
+            // send wakes nothing here): a few rounds before the sockets are looked at again.
+            for _ in 0..<Self.jobRounds {
+                let queued = lock.withLock { () -> [UnownedJob] in
+                    defer { jobs = [] }
+                    return jobs
+                }
+                if queued.isEmpty { break }
+                for job in queued { job.runSynchronously(on: executor) }
+            }
         }
+    }
+
+    /// Rounds of jobs run between two looks at the sockets (see ``run()``).
+    private static let jobRounds = 8
+}
+
+/// Runs the jobs of the tasks that prefer it on PeerLink's I/O thread, the thread that waits for
+/// every socket of the process (epoll): a task that reads a socket, and the tasks it wakes, then
+/// go on where the read's readiness was seen, with no other thread woken. Swift's global
+/// executor hands each of those steps to a pool thread, which must be woken (on another CPU,
+/// often an idle one): on loopback, the largest part of a small message's round trip.
+///
+/// Opt in for a whole session with a task executor preference around both its `run()` and the
+/// loop that takes its events (the session's own tasks are children of `run()` and inherit it):
+///
+/// ```swift
+/// await withTaskExecutorPreference(IOThreadExecutor.shared) {
+///     await withDiscardingTaskGroup { group in
+///         group.addTask { await session.run() }
+///         for await event in session.events { … }
+///     }
+/// }
+/// ```
+///
+/// Everything that prefers it then runs on one thread, one CPU: round trips are shorter and
+/// bulk transfers slower (sealing, opening and the app's work no longer spread over the
+/// machine's CPUs); see the Performance article for both. Like any event loop, it must never be
+/// blocked: code that waits on a lock held across I/O, sleeps, or reads a file at length
+/// belongs on another executor.
+public final class IOThreadExecutor: TaskExecutor, @unchecked Sendable {
+    /// The one I/O thread's executor (the thread starts with its first job or socket wait).
+    public static let shared = IOThreadExecutor()
+
+    private init() {}
+
+    public func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        // Without an I/O thread (the process is out of descriptors) the job still runs.
+        if !Readiness.shared.enqueue(job) { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
     }
 }

@@ -1,0 +1,89 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import PeerLinkCore
+import PeerLinkPosix
+import PeerLinkSession
+import Testing
+
+/// Tasks that prefer PeerLink's I/O thread (`IOThreadExecutor`): their jobs run there, between
+/// two looks at the sockets, whether they were queued from that thread or from another one while
+/// it slept; and two sessions run there end to end.
+@Suite("IOThreadExecutor: tasks on the I/O thread", .timeLimit(.minutes(1)))
+struct IOThreadExecutorTests {
+    /// The thread a task that prefers the I/O thread runs on.
+    static func ioThread() async -> pthread_t {
+        await withTaskExecutorPreference(IOThreadExecutor.shared) { pthread_self() }
+    }
+
+    @Test("every task that prefers it runs on one thread, not one of Swift's pool, also after a socket wait")
+    func oneThread() async throws {
+        let io = await Self.ioThread()
+        let pool = await Task.detached { pthread_self() }.value
+        #expect(pthread_equal(io, pool) == 0, "a task without the preference ran on the I/O thread")
+        let seen = await withTaskGroup(of: pthread_t.self) { group in
+            for _ in 0..<20 { group.addTask(executorPreference: IOThreadExecutor.shared) { pthread_self() } }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(seen.count == 20 && seen.allSatisfy { pthread_equal($0, io) != 0 })
+
+        // A socket wait resumes the task where the readiness was seen: the same thread.
+        let pair = try ReadinessTests.SocketPair()
+        defer { pair.close() }
+        let after = try await withTaskExecutorPreference(IOThreadExecutor.shared) { () async throws -> pthread_t in
+            let writer = Task.detached {
+                try await Task.sleep(for: .milliseconds(20))
+                pair.write(pair.b)
+            }
+            try await Readiness.shared.wait(for: pair.a, events: Int16(POLLIN))
+            try await writer.value
+            return pthread_self()
+        }
+        #expect(pthread_equal(after, io) != 0)
+    }
+
+    @Test("a job queued from another thread while the I/O thread sleeps in epoll_wait wakes it")
+    func wakesASleepingThread() async throws {
+        _ = await Self.ioThread()
+        for _ in 0..<5 {
+            // Long enough for the thread to run out of jobs and sleep; without the wake-up the
+            // job would wait for the next socket event, which never comes (the time limit).
+            try await Task.sleep(for: .milliseconds(30))
+            let started = ContinuousClock.now
+            _ = await Self.ioThread()
+            #expect(ContinuousClock.now - started < .seconds(5))
+        }
+    }
+
+    @Test("two sessions on the I/O thread connect, exchange messages in order both ways, and stop")
+    func sessionsOnTheIOThread() async throws {
+        let io = await Self.ioThread()
+        let log = TestLog()
+        let ana = try PeerSessionTCPTests.node("ana", log: log)
+        let bo = try PeerSessionTCPTests.node("bo", log: log)
+        try await withTaskExecutorPreference(IOThreadExecutor.shared) {
+            try await withRunning([ana, bo]) {
+                #expect(pthread_equal(pthread_self(), io) != 0)
+                ana.find([bo])
+                bo.find([ana])
+                try await ana.log.wait("Ana sees Bo connected") { $0.state(of: bo.peer) == .connected }
+                try await bo.log.wait("Bo sees Ana connected") { $0.state(of: ana.peer) == .connected }
+                let count = 500
+                for index in 1...count {
+                    try await ana.session.send(Array("ana \(index)".utf8), to: [bo.peer])
+                    try await bo.session.send(Array("bo \(index)".utf8) + [UInt8](repeating: 1, count: index * 40), to: [ana.peer])
+                }
+                try await bo.log.wait("\(count) messages at Bo") { $0.messages(from: ana.peer).count == count }
+                try await ana.log.wait("\(count) messages at Ana") { $0.messages(from: bo.peer).count == count }
+                #expect(bo.log.events.messages(from: ana.peer) == (1...count).map { Array("ana \($0)".utf8) })
+                #expect(
+                    ana.log.events.messages(from: bo.peer)
+                        == (1...count).map { Array("bo \($0)".utf8) + [UInt8](repeating: 1, count: $0 * 40) })
+                #expect(pthread_equal(pthread_self(), io) != 0)
+            }
+        }
+        #expect(ana.log.events.linkFailures.isEmpty, "\(ana.log.events.linkFailures)")
+        #expect(bo.log.events.linkFailures.isEmpty, "\(bo.log.events.linkFailures)")
+    }
+}
