@@ -49,10 +49,12 @@ struct Bench: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Over TCP, only sessions with this encryption: required or none.", valueName: "required|none"))
     var encryption: String?
 
-    /// What `--only` can name over TCP (`rtt` and `rtt_under_bulk` give their p50 and p99 rows).
+    /// What `--only` can name over TCP (`rtt` and `rtt_under_bulk` give their p50 and p99 rows;
+    /// `io_thread`, 64 B messages and round trips with both sessions and their apps on
+    /// PeerLink's I/O thread, ``IOThreadExecutor``).
     static let measurements = [
         "aead_limit", "connect", "messages_64B", "messages_1KiB", "messages_64KiB", "messages_1MiB", "stream", "rtt",
-        "rtt_under_bulk", "mesh8",
+        "rtt_under_bulk", "io_thread", "mesh8",
     ]
 
     /// The measurements `--only` leaves in (all without it).
@@ -170,6 +172,23 @@ struct Bench: AsyncParsableCommand {
                     raw: nil)
             }
             await pair.close()
+            if chosen.contains("io_thread") {
+                // The same measurements with both sessions, their event loops and the sending
+                // task preferring the I/O thread: what an app that opts in sees.
+                let pair = try await SessionPair.loopback(encryption: encryption, executor: IOThreadExecutor.shared)
+                let total = volume / 16
+                let session = try await pair.throughput(messageSize: 64, total: total)
+                let raw = try RawTCP.throughput(messageSize: 64, total: total)
+                report.throughput(
+                    "64 B messages, on the I/O thread", key: "messages_64B_io_thread", encryption: encryption, bytes: total,
+                    messageSize: 64, session: session, raw: raw)
+                let times = try await pair.roundTrips(samples: samples, duringBulk: false)
+                let rawRTT = try RawTCP.roundTrips(size: 64, samples: samples)
+                report.latency(
+                    "64 B round trip, on the I/O thread", key: "rtt", suffix: "_io_thread", encryption: encryption, session: times,
+                    raw: rawRTT)
+                await pair.close()
+            }
             report.line("")
         }
 
@@ -202,12 +221,15 @@ struct SessionPair {
     let b: BenchPeer
     let tasks: [Task<Void, Never>]
     let connectTime: Duration
+    /// What the sessions' tasks, their event loops and the measuring calls prefer to run on
+    /// (nil: Swift's global executor, as an app that does not choose).
+    var executor: (any TaskExecutor)? = nil
 
     /// Two automatic sessions on 127.0.0.1, each told of the other by a discovery report.
-    static func loopback(encryption: EncryptionPreference) async throws -> SessionPair {
+    static func loopback(encryption: EncryptionPreference, executor: (any TaskExecutor)? = nil) async throws -> SessionPair {
         let a = try BenchPeer("bench-a", encryption: encryption)
         let b = try BenchPeer("bench-b", encryption: encryption)
-        let tasks = [Task { await a.run() }, Task { await b.run() }]
+        let tasks = [Task(executorPreference: executor) { await a.run() }, Task(executorPreference: executor) { await b.run() }]
         let start = ContinuousClock.now
         a.session.discovered(.found(b.discovered))
         b.session.discovered(.found(a.discovered))
@@ -215,7 +237,7 @@ struct SessionPair {
             await a.waitForConnected(1)
             await b.waitForConnected(1)
         }
-        return SessionPair(a: a, b: b, tasks: tasks, connectTime: ContinuousClock.now - start)
+        return SessionPair(a: a, b: b, tasks: tasks, connectTime: ContinuousClock.now - start, executor: executor)
     }
 
     /// `b` listens for `kind` links on adapter `listenOn`; `a`, on adapter `dialFrom`, connects
@@ -260,6 +282,10 @@ struct SessionPair {
     /// Linux's defaults). Until 2026-11-27 it was 256 KiB, a throttle of the benchmark's own
     /// that the raw baseline did not have. Bluetooth passes 256 KiB: its sockets buffer far less.
     func throughput(messageSize size: Int, total: Int, inFlight: Int = Continuity.Policy.default.maxRetainedBytes) async throws -> Double {
+        try await withTaskExecutorPreference(executor) { try await sendMessages(size: size, total: total, inFlight: inFlight) }
+    }
+
+    private func sendMessages(size: Int, total: Int, inFlight: Int) async throws -> Double {
         let count = max(1, total / size)
         let base = b.bytesReceived
         let window = max(inFlight, 4 * size)
@@ -298,6 +324,10 @@ struct SessionPair {
 
     /// Round trips of 64-byte messages, optionally while a stream from a to b runs at full speed.
     func roundTrips(samples: Int, duringBulk: Bool) async throws -> [Double] {
+        try await withTaskExecutorPreference(executor) { try await pingAndWait(samples: samples, duringBulk: duringBulk) }
+    }
+
+    private func pingAndWait(samples: Int, duringBulk: Bool) async throws -> [Double] {
         let bulk: Task<Void, Never>? = duringBulk ? Task { [a, b] in
             guard let stream = try? await a.session.openStream(named: "bulk", to: b.peer) else { return }
             let chunk = [UInt8](repeating: 0xA5, count: 64 * 1024)
