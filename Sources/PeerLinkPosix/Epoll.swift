@@ -5,7 +5,8 @@ import Musl
 #endif
 internal import CEpoll
 
-/// epoll(7), for ``Readiness`` alone: the C header is imported here and in Readiness.swift only.
+/// epoll(7) and eventfd(2), for ``Readiness`` alone: the C header is imported here and in
+/// Readiness.swift only.
 extension Sys {
     /// A new epoll instance (close-on-exec).
     static func epollCreate() throws(SystemError) -> Int32 {

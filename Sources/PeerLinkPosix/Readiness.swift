@@ -277,12 +277,13 @@ package final class Readiness: @unchecked Sendable {
 /// machine's CPUs); see the Performance article for both. Like any event loop, it must never be
 /// blocked: code that waits on a lock held across I/O, sleeps, or reads a file at length
 /// belongs on another executor.
-public final class IOThreadExecutor: TaskExecutor, @unchecked Sendable {
+public final class IOThreadExecutor: TaskExecutor, Sendable {
     /// The one I/O thread's executor (the thread starts with its first job or socket wait).
     public static let shared = IOThreadExecutor()
 
     private init() {}
 
+    /// Queues `job` for the I/O thread, waking it if it sleeps.
     public func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
         // Without an I/O thread (the process is out of descriptors) the job still runs.
