@@ -35,13 +35,14 @@
 # kernel's report; a fault in a boot whose tests passed is reported and passes.
 #
 # Tests that failed while bluetoothd ran but no longer answered D-Bus calls (the guest checks,
-# Hardware/btvm/guest/bluetoothd-deaf.sh, and prints its log and the kernel's) get one more boot
-# too, said out loud.
+# Hardware/btvm/guest/bluetoothd-deaf.sh, and prints its log and the kernel's), or after the
+# emulated controllers went away (btvirt gone: Hardware/btvm/guest/controllers-gone.sh prints its
+# state and log and the kernel's), get one more boot too, said out loud.
 #
 # Exit status: that of the test binary in the VM; 122 tests failed while bluetoothd no longer
-# answered (twice); 123 the guest kernel faulted and the tests did
-# not end (twice); 124 the VM timed out; 125 the VM could not
-# start; 77 the lab cannot run on this machine (not x86-64, or its packages are missing: run
+# answered (twice); 121 tests failed after the emulated controllers went away (twice); 123 the
+# guest kernel faulted and the tests did not end (twice); 124 the VM timed out; 125 the VM could
+# not start; 77 the lab cannot run on this machine (not x86-64, or its packages are missing: run
 # `Hardware/setup.sh --tests`); 2 bad arguments.
 set -euo pipefail
 
@@ -112,6 +113,9 @@ guest_command() {
     # a bluetoothd that runs but no longer answers: its log and the kernel's, and exit 122 (the
     # lab boots once more, as for a kernel fault)
     command+=" if [ \$rc != 0 ] && $(printf %q "$HERE/btvm/guest/bluetoothd-deaf.sh"); then rc=122; fi;"
+    # emulated controllers that went away (btvirt gone): their state and the kernel's log, and
+    # exit 121 (one more boot too)
+    command+=" if [ \$rc != 0 ] && [ \$rc != 122 ] && $(printf %q "$HERE/btvm/guest/controllers-gone.sh"); then rc=121; fi;"
     command+=" [ -s /run/btvm/forget-bonds.log ] && echo \"bluetooth lab: \$(wc -l < /run/btvm/forget-bonds.log) bonds the emulator left were removed\"; exit \$rc"
     printf '%s' "$command"
 }
@@ -125,6 +129,7 @@ report() {
         0) say "passed" ;;
         123) say "the guest kernel faulted and the tests did not end" ;;
         122) say "tests failed while bluetoothd no longer answered (its log and the kernel's are above)" ;;
+        121) say "tests failed after the emulated controllers went away (btvirt's state and the kernel's log are above)" ;;
         124) say "the VM ran out of time (${PEERLINK_LAB_TIMEOUT:-900} s): a test hangs; rerun with --console" ;;
         125) ;;
         *) say "failed (exit $LAB_RC)" ;;
@@ -135,7 +140,8 @@ report() {
 # guest's Debian kernel has Bluetooth bugs of its own (Hardware/btvm/README.md, "Kernel faults"):
 # a boot whose kernel faulted and whose tests failed is not PeerLink's result, so it gets one more
 # boot, said out loud with the fault's report; so does one whose tests failed while bluetoothd
-# ran but answered nothing (exit 122); a second failure fails the lab.
+# ran but answered nothing (exit 122), or after the emulated controllers went away (exit 121);
+# a second failure fails the lab.
 lab_tests() {
     local what=$1
     shift
@@ -147,6 +153,10 @@ lab_tests() {
         report
     elif [ "$LAB_RC" = 122 ]; then
         say "$what failed in a boot whose bluetoothd stopped answering: once more in a new boot"
+        lab_boot "$@"
+        report
+    elif [ "$LAB_RC" = 121 ]; then
+        say "$what failed in a boot whose emulated controllers went away: once more in a new boot"
         lab_boot "$@"
         report
     fi
@@ -193,6 +203,8 @@ if [ ${#BLUETOOTHD[@]} -gt 0 ]; then
                     say "BluetoothFreshLabTests/$test failed in a boot whose kernel faulted: once more in a new boot"
                 elif [ "$LAB_RC" = 122 ]; then
                     say "BluetoothFreshLabTests/$test failed in a boot whose bluetoothd stopped answering: once more in a new boot"
+                elif [ "$LAB_RC" = 121 ]; then
+                    say "BluetoothFreshLabTests/$test failed in a boot whose emulated controllers went away: once more in a new boot"
                 elif [ "$LAB_RC" = 1 ]; then
                     say "BluetoothFreshLabTests/$test failed: once more in a new boot (btvirt is faithful only to a controller's first pairing)"
                 else
