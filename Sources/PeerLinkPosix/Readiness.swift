@@ -181,8 +181,10 @@ package final class Readiness: @unchecked Sendable {
         self.epoll = epoll
         // The process moves messages from now on: the heap keeps what they free (HeapTuning).
         HeapTuning.apply()
-        let thread = Thread { [self] in run() }
-        thread.name = "peerlink-io"
+        let thread = Thread { [self] in
+            Sys.nameCurrentThread("peerlink-io")
+            run()
+        }
         thread.start()
     }
 

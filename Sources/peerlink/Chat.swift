@@ -450,6 +450,7 @@ final class ChatConsole: @unchecked Sendable {
     func lines() -> AsyncStream<String> {
         AsyncStream { continuation in
             let thread = Thread { [self] in
+                Sys.nameCurrentThread("peerlink-stdin")
                 while let line = readLine(strippingNewline: true) {
                     if let pending = takeAnswer() {
                         pending.resume(returning: line.lowercased().hasPrefix("y"))
@@ -460,7 +461,6 @@ final class ChatConsole: @unchecked Sendable {
                 takeAnswer()?.resume(returning: false)
                 continuation.finish()
             }
-            thread.name = "peerlink-stdin"
             thread.start()
         }
     }

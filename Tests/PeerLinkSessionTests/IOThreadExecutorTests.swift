@@ -27,6 +27,11 @@ struct IOThreadExecutorTests {
             return await group.reduce(into: []) { $0.append($1) }
         }
         #expect(seen.count == 20 && seen.allSatisfy { pthread_equal($0, io) != 0 })
+        // named so that `top -H`, perf and debuggers show it
+        let name = await withTaskExecutorPreference(IOThreadExecutor.shared) {
+            (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? ""
+        }
+        #expect(name == "peerlink-io\n")
 
         // A socket wait resumes the task where the readiness was seen: the same thread.
         let pair = try ReadinessTests.SocketPair()

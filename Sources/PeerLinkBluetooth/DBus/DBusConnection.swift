@@ -1,6 +1,7 @@
 internal import CDBus
 import Foundation
 import PeerLinkCore
+import PeerLinkPosix
 
 /// An error reply (or a local failure) of a D-Bus call: the D-Bus error name and its text.
 struct DBusCallError: Error, Hashable, Sendable, CustomStringConvertible {
@@ -315,8 +316,10 @@ final class DBusConnection: @unchecked Sendable {
     private func startDispatching() {
         let start = lock.withLock { () -> Bool in
             guard thread == nil, !stopping else { return false }
-            let thread = Thread { [unowned self] in self.dispatchLoop() }
-            thread.name = "peerlink.dbus"
+            let thread = Thread { [unowned self] in
+                Sys.nameCurrentThread("peerlink-dbus")
+                self.dispatchLoop()
+            }
             self.thread = thread
             return true
         }
