@@ -38,14 +38,6 @@ extension Sys {
         try retrying("eventfd") { eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC)) }
     }
 
-    /// Adds `fd` to `epoll` for `events`, level-triggered (it stays armed).
-    static func epollAdd(_ epoll: Int32, _ fd: Int32, events: UInt32) throws(SystemError) {
-        var event = epoll_event()
-        event.events = events
-        event.data.fd = fd
-        _ = try retrying("epoll_ctl") { epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event) }
-    }
-
     /// Adds one to the eventfd `fd` (which makes it readable); a counter already full stays so.
     static func signal(_ fd: Int32) {
         var one: UInt64 = 1

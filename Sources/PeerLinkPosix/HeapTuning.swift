@@ -19,10 +19,10 @@ import PeerLinkCore
 /// next messages fault the same amount of memory in again, every page zeroed by the kernel. With
 /// messages of 64 KiB and more that was most of the process's time: 200,000–400,000 page faults
 /// (and 1,500–2,300 `madvise` calls) to receive 512 MiB as 64 KiB and then 1 MiB messages,
-/// encrypted and not, about 7,000 (and 6) with the tuning; 1 MiB messages moved 1.16 (encrypted)
-/// and 1.93 (plain) times as fast (the *Performance* article has the figures). Both settings are needed: setting the
-/// pad alone turns off glibc's own adjustment of the mapping threshold, leaving it wherever it
-/// was, and messages over it would be mapped afresh every time.
+/// encrypted and not, about 7,000 (and 6) with the tuning; 1 MiB messages moved 1.16
+/// (encrypted) and 1.93 (plain) times as fast (the *Performance* article has the figures). Both
+/// settings are needed: setting the pad alone turns off glibc's own adjustment of the mapping
+/// threshold, leaving it wherever it was, and messages over it would be mapped afresh every time.
 ///
 /// Only what glibc keeps of freed memory changes: nothing is allocated ahead, and a process that
 /// never frees much never holds more. What it costs: up to ``topPad`` of free memory stays
@@ -31,10 +31,11 @@ import PeerLinkCore
 /// 28–30 MiB to 34–36 MiB over Bluetooth.
 ///
 /// PeerLink leaves the heap as it is when the process chose otherwise: `PEERLINK_HEAP_TUNING=off`
-/// in the environment, a `glibc.malloc.*` tunable in `GLIBC_TUNABLES`, any of glibc's `MALLOC_*_`
-/// variables (`MALLOC_TOP_PAD_`, `MALLOC_CHECK_`, …; `MALLOC_ARENA_MAX` does not touch what is
-/// set here), or ``keepDefaults()`` called before the first link. With a C library other than glibc it
-/// does nothing. The file descriptor limit is raised in the same spirit (``DescriptorLimit``).
+/// in the environment, a `glibc.malloc.*` tunable in `GLIBC_TUNABLES`, any of glibc's
+/// `MALLOC_*_` variables (`MALLOC_TOP_PAD_`, `MALLOC_CHECK_`, …; `MALLOC_ARENA_MAX` does not touch
+/// what is set here), or ``keepDefaults()`` called before the first link. With a C library other
+/// than glibc it does nothing. The file descriptor limit is raised in the same spirit
+/// (``DescriptorLimit``).
 public enum HeapTuning {
     /// The free memory glibc keeps at the top of a heap when it trims: 8 MiB, twice the
     /// largest allocation a heap serves (``mmapThreshold``), so that a message just freed and

@@ -128,6 +128,11 @@ package final class Readiness: @unchecked Sendable {
         lock.withLock { _ = ended.remove(fd) }
     }
 
+    /// Whether the I/O thread sleeps in `epoll_wait` with no job queued: for tests.
+    package var isIdle: Bool {
+        lock.withLock { sleeping && jobs.isEmpty }
+    }
+
     /// Whether waits on `fd` return at once (``end(_:)`` without ``forget(_:)`` since): for tests.
     package func isEnded(_ fd: Int32) -> Bool {
         lock.withLock { ended.contains(fd) }
@@ -171,7 +176,8 @@ package final class Readiness: @unchecked Sendable {
         let epoll = try Sys.epollCreate()
         do throws(SystemError) {
             wakeCounter = try Sys.eventCounter()
-            try Sys.epollAdd(epoll, wakeCounter, events: EPOLLIN.rawValue)
+            // level-triggered, not one-shot: it stays armed
+            try Sys.epollArm(epoll, wakeCounter, events: EPOLLIN.rawValue)
         } catch {
             Sys.close(epoll)
             if wakeCounter >= 0 { Sys.close(wakeCounter) }

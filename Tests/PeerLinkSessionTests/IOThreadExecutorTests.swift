@@ -52,9 +52,13 @@ struct IOThreadExecutorTests {
     func wakesASleepingThread() async throws {
         _ = await Self.ioThread()
         for _ in 0..<5 {
-            // Long enough for the thread to run out of jobs and sleep; without the wake-up the
-            // job would wait for the next socket event, which never comes (the time limit).
-            try await Task.sleep(for: .milliseconds(30))
+            // Until the thread has run out of jobs and sleeps; without the wake-up the job would
+            // wait for the next socket event, which never comes (the time limit).
+            let idleBy = ContinuousClock.now + .seconds(10)
+            while !Readiness.shared.isIdle {
+                try #require(ContinuousClock.now < idleBy, "the I/O thread never went idle")
+                try await Task.sleep(for: .milliseconds(1))
+            }
             let started = ContinuousClock.now
             _ = await Self.ioThread()
             #expect(ContinuousClock.now - started < .seconds(5))
