@@ -15,11 +15,11 @@ public func runBlocking<T: Sendable, Failure: Error>(
     _ name: String, _ body: @escaping @Sendable () throws(Failure) -> T
 ) async throws(Failure) -> T {
     let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, Failure>, Never>) in
-        let thread = Thread {
+        // Named for `top -H` and perf (Thread.name does not reach the system's name on Linux).
+        Thread.detachNewThread {
+            Sys.nameCurrentThread(name)
             continuation.resume(returning: Result { () throws(Failure) -> T in try body() })
         }
-        thread.name = name
-        thread.start()
     }
     return try result.get()
 }
@@ -46,9 +46,10 @@ package func runBlockingAbandonable<T: Sendable>(
     return try await withTaskCancellationHandler {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             waiter.arm(continuation)
-            let thread = Thread { waiter.finish(with: Result { try body(flag) }) }
-            thread.name = name
-            thread.start()
+            Thread.detachNewThread {
+                Sys.nameCurrentThread(name)
+                waiter.finish(with: Result { try body(flag) })
+            }
         }
     } onCancel: {
         flag.cancel()
