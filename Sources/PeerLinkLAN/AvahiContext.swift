@@ -34,13 +34,16 @@ final class AvahiContext: @unchecked Sendable {
         // From here on, deinit frees whatever the context owns, on every path.
         let context = AvahiContext(poll: poll, logger: logger)
         var error: Int32 = 0
+        let asked = ContinuousClock.now
         guard context.makeClient(&error) else {
             throw PeerLinkError(.unavailable, busUnreachableMessage(String(cString: avahi_strerror(error))))
         }
         // With NO_FAIL a missing daemon leaves the client waiting in CONNECTING; at start-up that
-        // means the daemon is not running.
+        // means the daemon is not running — found at once — or that it holds its bus name and
+        // never answered (a hung or stopped daemon), found when libdbus gave up on the reply.
         if context.lastState == AVAHI_CLIENT_CONNECTING {
-            throw PeerLinkError(.unavailable, missingDaemonMessage())
+            let waited = asked.duration(to: .now)
+            throw PeerLinkError(.unavailable, waited >= unansweredAfter ? hungDaemonMessage(waited: waited) : missingDaemonMessage())
         }
         guard avahi_threaded_poll_start(poll) == 0 else {
             throw PeerLinkError(.unknown, "cannot start the Avahi event thread")
@@ -75,6 +78,16 @@ final class AvahiContext: @unchecked Sendable {
 
     static func missingDaemonMessage() -> String {
         "avahi-daemon is not running. \(daemonAdvice)"
+    }
+
+    /// How long a client's start may wait before it says the daemon hangs rather than that it
+    /// is missing: a missing daemon is known in milliseconds, a silent one when libdbus stops
+    /// waiting for the reply (25 s).
+    static let unansweredAfter: Duration = .seconds(10)
+
+    static func hungDaemonMessage(waited: Duration) -> String {
+        "avahi-daemon does not answer: it holds its D-Bus name but gave no reply in \(waited.components.seconds) s (it hangs, or was stopped). "
+            + "Restart it with 'sudo systemctl restart avahi-daemon' (on a machine without systemd: stop it and run 'sudo Hardware/daemons.sh start' from the PeerLink repository)"
     }
 
     deinit {

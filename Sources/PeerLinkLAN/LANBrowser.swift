@@ -38,14 +38,25 @@ public final class LANBrowser: TransportBrowser {
 
     /// Starts browsing. Throws `unavailable` when avahi-daemon is not running. Browsing stops
     /// when the sequence's consumer stops iterating (or its task is cancelled).
-    public func events() throws(PeerLinkError) -> AsyncStream<DiscoveryEvent> {
-        let context = try AvahiContext.connect(logger: logger)
+    ///
+    /// Every call into avahi-client waits for avahi-daemon's answer over D-Bus (milliseconds;
+    /// up to libdbus's 25 s timeout when the daemon hangs), and so does taking its poll lock while
+    /// its thread waits: starting and stopping the browse run on a thread of their own, never on
+    /// the caller's (a cooperative thread, or an event loop's).
+    public func events() async throws(PeerLinkError) -> AsyncStream<DiscoveryEvent> {
         let (inputs, input) = AsyncStream<Input>.makeStream()
-        let browser = AvahiBrowser(context: context, type: serviceType.dnsSDType) { input.yield(.avahi($0)) }
+        let type = serviceType.dnsSDType
+        let logger = logger
+        // What the browse finds before the driver below runs waits in `inputs`.
+        let (context, browser) = try await runBlocking("peerlink-lan-browse") { () throws(PeerLinkError) -> (AvahiContext, AvahiBrowser) in
+            let context = try AvahiContext.connect(logger: logger)
+            let browser = AvahiBrowser(context: context, type: type) { input.yield(.avahi($0)) }
+            browser.start()
+            return (context, browser)
+        }
         let (events, output) = AsyncStream<DiscoveryEvent>.makeStream()
         let policy = liveness
         let excluding = excluding
-        let logger = logger
         let driver = Task {
             // Discarding: each probe's task is gone once it ended. (A plain task group keeps every
             // finished child until `next()` takes it: one per probe, for as long as the browse
@@ -108,10 +119,14 @@ public final class LANBrowser: TransportBrowser {
         output.onTermination = { _ in
             driver.cancel()
             input.finish()
-            browser.stop()
-            _ = context  // the context lives as long as the browse
+            // Freeing the browser and its resolvers asks the daemon too; the context (its client
+            // and poll thread) lives as long as the browse and goes with the same thread.
+            Thread.detachNewThread {
+                Sys.nameCurrentThread("peerlink-lan-stop")
+                browser.stop()
+                withExtendedLifetime(context) {}
+            }
         }
-        browser.start()
         return events
     }
 

@@ -1,5 +1,7 @@
 import Foundation
 import PeerLink
+import PeerLinkCore
+import PeerLinkLAN
 import Testing
 
 @Suite(
@@ -110,7 +112,7 @@ struct LANDiscoveryTests {
             try await advertiser.waitForLine(containing: "Published as")
             let id = try await advertiser.advertisedID()
 
-            let recorder = try EventRecorder(LANBrowser(serviceType: ServiceType(service), liveness: LivenessPolicy(timeout: .seconds(3))))
+            let recorder = try await EventRecorder(LANBrowser(serviceType: ServiceType(service), liveness: LivenessPolicy(timeout: .seconds(3))))
             defer { recorder.stop() }
             try await recorder.waitFor(timeout: .seconds(10)) { if case .found(let peer) = $0 { peer.id.fingerprint.value == id } else { false } }
 
@@ -137,7 +139,7 @@ struct LANDiscoveryTests {
             defer { publisher.terminate() }
             try await publisher.waitForStderrLine(containing: "Established", timeout: .seconds(10))
 
-            let recorder = try EventRecorder(LANBrowser(serviceType: ServiceType(service), liveness: LivenessPolicy(timeout: .seconds(3))))
+            let recorder = try await EventRecorder(LANBrowser(serviceType: ServiceType(service), liveness: LivenessPolicy(timeout: .seconds(3))))
             defer { recorder.stop() }
             try await recorder.waitFor(timeout: .seconds(10)) { if case .found(let peer) = $0 { peer.id.fingerprint.value == id } else { false } }
 
@@ -162,8 +164,8 @@ final class EventRecorder: @unchecked Sendable {
     private var recorded: [Recorded] = []
     private var consumer: Task<Void, Never>?
 
-    init(_ browser: LANBrowser) throws {
-        let events = try browser.events()
+    init(_ browser: LANBrowser) async throws {
+        let events = try await browser.events()
         consumer = Task { [weak self] in
             for await event in events {
                 guard let self else { return }
@@ -267,6 +269,87 @@ struct DaemonRestartTests {
         }
     }
 
+    /// avahi-client waits for every answer from avahi-daemon (D-Bus, up to 25 s): a browse
+    /// started while the daemon hangs must wait on a thread of its own, not on the thread it was
+    /// started from — on a cooperative thread that is a CPU's worth of every task in the
+    /// process, on an event loop every link. The daemon hangs here for real (stopped with
+    /// SIGSTOP, the one daemons.sh started, while no other test uses it).
+    @Test("a browse started while avahi-daemon hangs waits off the caller's thread, then browses", .timeLimit(.minutes(2)))
+    func browseWaitsOffTheCallersThread() async throws {
+        try await AvahiDaemonGate.shared.exclusive {
+            defer { DaemonsScript.ensureAvahiRunning() }
+            let pid = try await Self.avahiStartedByDaemonsScript()
+            let service = TestHost.uniqueServiceType("h")
+            let browser = LANBrowser(serviceType: try ServiceType(service))
+            let loop = OneThreadExecutor()
+            #expect(kill(pid, SIGSTOP) == 0)
+            let browse: Task<AsyncStream<DiscoveryEvent>, any Error>
+            do {
+                defer { kill(pid, SIGCONT) }
+                browse = Task(executorPreference: loop) { try await browser.events() }
+                // The browse has asked the daemon by now, and waits for its answer.
+                try await Task.sleep(for: .milliseconds(300))
+                let asked = ContinuousClock.now
+                let answered = await Task(executorPreference: loop) { ContinuousClock.now }.value
+                #expect(asked.duration(to: answered) < .seconds(2), "the browse held the thread it was started from while avahi-daemon hung")
+            }
+            // Once the daemon answers, the browse runs and finds a peer.
+            let events = try await browse.value
+            let advertiser = try ChildProcess.peerlink(["advertise", "--name", "Thawed", "--service", service, "--transport", "lan"])
+            try await advertiser.waitForLine(containing: "Published as \"Thawed\"")
+            let found = try await withThrowingTaskGroup(of: Bool.self) { group in
+                group.addTask {
+                    for await event in events {
+                        if case .found(let peer) = event, peer.id.displayName == "Thawed" { return true }
+                    }
+                    return false
+                }
+                group.addTask {
+                    try await Task.sleep(for: .seconds(20))
+                    return false
+                }
+                let first = try await group.next() ?? false
+                group.cancelAll()
+                return first
+            }
+            #expect(found, "the browse did not find the peer within 20 s of avahi-daemon answering again")
+            advertiser.signal(SIGINT)
+            _ = try await advertiser.waitForExit()
+        }
+    }
+
+    @Test("a browse that avahi-daemon never answers fails when libdbus gives up, saying the daemon hangs", .timeLimit(.minutes(2)))
+    func unansweredBrowseSaysTheDaemonHangs() async throws {
+        try await AvahiDaemonGate.shared.exclusive {
+            defer { DaemonsScript.ensureAvahiRunning() }
+            let pid = try await Self.avahiStartedByDaemonsScript()
+            #expect(kill(pid, SIGSTOP) == 0)
+            defer { kill(pid, SIGCONT) }
+            let browser = LANBrowser(serviceType: try ServiceType(TestHost.uniqueServiceType("h")))
+            let start = ContinuousClock.now
+            do throws(PeerLinkError) {
+                _ = try await browser.events()
+                Issue.record("the browse started against a stopped avahi-daemon")
+            } catch {
+                #expect(error.code == .unavailable)
+                #expect(error.message.hasPrefix("avahi-daemon does not answer"), "\(error.message)")
+                #expect(error.message.contains("systemctl restart avahi-daemon"), "\(error.message)")
+            }
+            #expect(start.duration(to: .now) >= .seconds(10), "libdbus waits 25 s for a reply")
+        }
+    }
+
+    /// The pid of the avahi-daemon daemons.sh started; an error for any other (a test stops only
+    /// its own daemon).
+    static func avahiStartedByDaemonsScript() async throws -> Int32 {
+        let status = try await DaemonsScript.run("status")
+        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("avahi: running, pid ") }),
+            line.contains("started by daemons.sh"),
+            let pid = Int32(line.dropFirst("avahi: running, pid ".count).prefix(while: \.isNumber))
+        else { throw HarnessError("this test stops only the avahi-daemon daemons.sh started; status:\n\(status)") }
+        return pid
+    }
+
     @Test("a scan running across the restart still finds a peer published after it", .timeLimit(.minutes(2)))
     func watchingScanSurvives() async throws {
         try await AvahiDaemonGate.shared.exclusive {
@@ -290,5 +373,34 @@ struct DaemonRestartTests {
             _ = try await early.waitForExit()
             _ = try await late.waitForExit()
         }
+    }
+}
+
+/// A task executor with one thread of its own, running its jobs in the order they came: the
+/// shape of an event loop, to see whether a call holds the thread it was made on.
+final class OneThreadExecutor: TaskExecutor, @unchecked Sendable {
+    private let condition = NSCondition()
+    private var jobs: [UnownedJob] = []
+
+    init() {
+        // The thread lives as long as the process (one per test that makes one).
+        Thread.detachNewThread { [self] in
+            while true {
+                condition.lock()
+                while jobs.isEmpty { condition.wait() }
+                let batch = jobs
+                jobs.removeAll()
+                condition.unlock()
+                for job in batch { job.runSynchronously(on: asUnownedTaskExecutor()) }
+            }
+        }
+    }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        condition.lock()
+        jobs.append(job)
+        condition.signal()
+        condition.unlock()
     }
 }
