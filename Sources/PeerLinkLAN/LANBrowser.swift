@@ -42,17 +42,35 @@ public final class LANBrowser: TransportBrowser {
     /// Every call into avahi-client waits for avahi-daemon's answer over D-Bus (milliseconds;
     /// up to libdbus's 25 s timeout when the daemon hangs), and so does taking its poll lock while
     /// its thread waits: starting and stopping the browse run on a thread of their own, never on
-    /// the caller's (a cooperative thread, or an event loop's).
+    /// the caller's (a cooperative thread, or an event loop's). Cancelling the calling task
+    /// ends the wait at once (`cancelled`); a browse that starts after that is stopped again.
     public func events() async throws(PeerLinkError) -> AsyncStream<DiscoveryEvent> {
         let (inputs, input) = AsyncStream<Input>.makeStream()
         let type = serviceType.dnsSDType
         let logger = logger
         // What the browse finds before the driver below runs waits in `inputs`.
-        let (context, browser) = try await runBlocking("peerlink-lan-browse") { () throws(PeerLinkError) -> (AvahiContext, AvahiBrowser) in
-            let context = try AvahiContext.connect(logger: logger)
-            let browser = AvahiBrowser(context: context, type: type) { input.yield(.avahi($0)) }
-            browser.start()
-            return (context, browser)
+        let (context, browser): (AvahiContext, AvahiBrowser)
+        do {
+            (context, browser) = try await runBlockingAbandonable(
+                "peerlink-lan-browse", limit: Self.startLimit,
+                discard: { started in
+                    started.1.stop()
+                    withExtendedLifetime(started.0) {}
+                }
+            ) { _ in
+                let context = try AvahiContext.connect(logger: logger)
+                let browser = AvahiBrowser(context: context, type: type) { input.yield(.avahi($0)) }
+                browser.start()
+                return (context, browser)
+            }
+        } catch let error as PeerLinkError {
+            throw error
+        } catch is CancellationError {
+            throw PeerLinkError(.cancelled, "browsing \(type) was cancelled before avahi-daemon answered")
+        } catch {
+            throw PeerLinkError(
+                .unavailable,
+                "avahi-daemon did not answer within \(Self.startLimit.components.seconds) s. Restart it with 'sudo systemctl restart avahi-daemon'")
         }
         let (events, output) = AsyncStream<DiscoveryEvent>.makeStream()
         let policy = liveness
@@ -129,6 +147,10 @@ public final class LANBrowser: TransportBrowser {
         }
         return events
     }
+
+    /// The longest a browse waits to start: two calls to the daemon, each of which libdbus gives
+    /// 25 s (the first one failing says so sooner: ``AvahiContext``).
+    static let startLimit: Duration = .seconds(60)
 
     /// True when any endpoint accepts a connection within `timeout`.
     static func probe(_ endpoints: [Endpoint], timeout: Duration) async -> Bool {

@@ -339,6 +339,31 @@ struct DaemonRestartTests {
         }
     }
 
+    @Test("cancelling a browse that waits for a hung avahi-daemon ends the wait at once", .timeLimit(.minutes(1)))
+    func cancelledBrowseStopsWaiting() async throws {
+        try await AvahiDaemonGate.shared.exclusive {
+            defer { DaemonsScript.ensureAvahiRunning() }
+            let pid = try await Self.avahiStartedByDaemonsScript()
+            #expect(kill(pid, SIGSTOP) == 0)
+            defer { kill(pid, SIGCONT) }
+            let browser = LANBrowser(serviceType: try ServiceType(TestHost.uniqueServiceType("h")))
+            let browse = Task { try await browser.events() }
+            try await Task.sleep(for: .milliseconds(300))
+            let cancelled = ContinuousClock.now
+            browse.cancel()
+            let result = await browse.result
+            #expect(cancelled.duration(to: .now) < .seconds(2), "the browse went on waiting for the daemon after its task was cancelled")
+            switch result {
+            case .success:
+                Issue.record("a browse started while avahi-daemon was stopped")
+            case .failure(let error as PeerLinkError):
+                #expect(error.code == .cancelled, "\(error.message)")
+            case .failure(let error):
+                Issue.record("not a PeerLinkError: \(error)")
+            }
+        }
+    }
+
     /// The pid of the avahi-daemon daemons.sh started; an error for any other (a test stops only
     /// its own daemon).
     static func avahiStartedByDaemonsScript() async throws -> Int32 {
