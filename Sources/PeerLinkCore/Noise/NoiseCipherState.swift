@@ -76,8 +76,8 @@ public struct NoiseCipherState: Sendable {
         guard nonce != Self.reservedNonce else { throw .nonceExhausted }
         do {
             let box = try ChaChaPoly.seal(plaintext, using: key, nonce: Self.chachaNonce(nonce), authenticating: ad)
-            Self.append(box.ciphertext, to: &output)
-            Self.append(box.tag, to: &output)
+            // ciphertext and tag in one copy, from the box's one buffer (after its 12-byte nonce)
+            box.combined.withUnsafeBytes { raw in output.append(contentsOf: UnsafeRawBufferPointer(rebasing: raw[12...]).bindMemory(to: UInt8.self)) }
         } catch {
             throw .invalidKeyMaterial("ChaChaPoly encryption failed: \(error)")
         }
@@ -116,13 +116,14 @@ public struct NoiseCipherState: Sendable {
         guard ciphertext.count >= NoiseCrypto.tagLength else {
             throw .messageTooShort(needed: NoiseCrypto.tagLength, got: ciphertext.count)
         }
-        let split = ciphertext.endIndex - NoiseCrypto.tagLength
         do {
-            let box = try ChaChaPoly.SealedBox(
-                nonce: Self.chachaNonce(nonce),
-                ciphertext: ciphertext[..<split],
-                tag: ciphertext[split...]
-            )
+            // The box built as one buffer in its combined layout (nonce, ciphertext, tag): one
+            // copy, as before, and no generic slicing of the nonce, ciphertext and tag apart.
+            var combined = Data(capacity: 12 + ciphertext.count)
+            withUnsafeBytes(of: UInt32(0)) { combined.append(contentsOf: $0) }
+            withUnsafeBytes(of: nonce.littleEndian) { combined.append(contentsOf: $0) }
+            ciphertext.withUnsafeBytes { combined.append(contentsOf: $0) }
+            let box = try ChaChaPoly.SealedBox(combined: combined)
             Self.append(try ChaChaPoly.open(box, using: key, authenticating: ad), to: &output)
         } catch {
             throw .decryptionFailed
