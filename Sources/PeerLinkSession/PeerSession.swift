@@ -153,7 +153,7 @@ public enum PeerSessionEvent: Sendable, Hashable, CustomStringConvertible {
 /// let session = PeerSession(configuration: config, transport: TCPTransport(), listener: listener)
 /// try await withThrowingTaskGroup { group in
 ///     group.addTask { await session.run() }
-///     group.addTask { for try await event in browser.events() { session.discovered(event) } }
+///     group.addTask { for await event in try await browser.events() { session.discovered(event) } }
 ///     for await event in session.events { … }          // ends once run() returned
 /// }
 /// ```

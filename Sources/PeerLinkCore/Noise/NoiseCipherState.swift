@@ -14,6 +14,8 @@ import struct Foundation.Data
 public struct NoiseCipherState: Sendable {
     /// The reserved nonce value 2^64-1.
     public static let reservedNonce: UInt64 = .max
+    /// The ChaChaPoly nonce's length in bytes: 4 zero bytes, then `n` (8 bytes, little-endian).
+    static let nonceLength = 12
 
     private var key: SymmetricKey?
     /// `n`: the nonce the next encryption or decryption will use.
@@ -76,8 +78,10 @@ public struct NoiseCipherState: Sendable {
         guard nonce != Self.reservedNonce else { throw .nonceExhausted }
         do {
             let box = try ChaChaPoly.seal(plaintext, using: key, nonce: Self.chachaNonce(nonce), authenticating: ad)
-            // ciphertext and tag in one copy, from the box's one buffer (after its 12-byte nonce)
-            box.combined.withUnsafeBytes { raw in output.append(contentsOf: UnsafeRawBufferPointer(rebasing: raw[12...]).bindMemory(to: UInt8.self)) }
+            // ciphertext and tag in one copy, from the box's one buffer (after its nonce)
+            box.combined.withUnsafeBytes { raw in
+                output.append(contentsOf: UnsafeRawBufferPointer(rebasing: raw[Self.nonceLength...]).bindMemory(to: UInt8.self))
+            }
         } catch {
             throw .invalidKeyMaterial("ChaChaPoly encryption failed: \(error)")
         }
@@ -119,7 +123,7 @@ public struct NoiseCipherState: Sendable {
         do {
             // The box built as one buffer in its combined layout (nonce, ciphertext, tag): one
             // copy, as before, and no generic slicing of the nonce, ciphertext and tag apart.
-            var combined = Data(capacity: 12 + ciphertext.count)
+            var combined = Data(capacity: Self.nonceLength + ciphertext.count)
             withUnsafeBytes(of: UInt32(0)) { combined.append(contentsOf: $0) }
             withUnsafeBytes(of: nonce.littleEndian) { combined.append(contentsOf: $0) }
             ciphertext.withUnsafeBytes { combined.append(contentsOf: $0) }
@@ -150,7 +154,7 @@ public struct NoiseCipherState: Sendable {
     }
 
     private static func chachaNonce(_ n: UInt64) throws -> ChaChaPoly.Nonce {
-        var bytes = [UInt8](repeating: 0, count: 12)
+        var bytes = [UInt8](repeating: 0, count: nonceLength)
         for index in 0..<8 {
             bytes[4 + index] = UInt8(truncatingIfNeeded: n >> (8 * UInt64(index)))
         }
