@@ -276,23 +276,17 @@ struct DaemonRestartTests {
     /// SIGSTOP, the one daemons.sh started, while no other test uses it).
     @Test("a browse started while avahi-daemon hangs waits off the caller's thread, then browses", .timeLimit(.minutes(2)))
     func browseWaitsOffTheCallersThread() async throws {
-        try await AvahiDaemonGate.shared.exclusive {
-            defer { DaemonsScript.ensureAvahiRunning() }
-            let pid = try await Self.avahiStartedByDaemonsScript()
+        try await Self.withAvahiStopped { resume in
             let service = TestHost.uniqueServiceType("h")
             let browser = LANBrowser(serviceType: try ServiceType(service))
             let loop = OneThreadExecutor()
-            #expect(kill(pid, SIGSTOP) == 0)
-            let browse: Task<AsyncStream<DiscoveryEvent>, any Error>
-            do {
-                defer { kill(pid, SIGCONT) }
-                browse = Task(executorPreference: loop) { try await browser.events() }
-                // The browse has asked the daemon by now, and waits for its answer.
-                try await Task.sleep(for: .milliseconds(300))
-                let asked = ContinuousClock.now
-                let answered = await Task(executorPreference: loop) { ContinuousClock.now }.value
-                #expect(asked.duration(to: answered) < .seconds(2), "the browse held the thread it was started from while avahi-daemon hung")
-            }
+            let browse = Task(executorPreference: loop) { try await browser.events() }
+            // The browse has asked the daemon by now, and waits for its answer.
+            try await Task.sleep(for: .milliseconds(300))
+            let asked = ContinuousClock.now
+            let answered = await Task(executorPreference: loop) { ContinuousClock.now }.value
+            #expect(asked.duration(to: answered) < .seconds(2), "the browse held the thread it was started from while avahi-daemon hung")
+            resume()
             // Once the daemon answers, the browse runs and finds a peer.
             let events = try await browse.value
             let advertiser = try ChildProcess.peerlink(["advertise", "--name", "Thawed", "--service", service, "--transport", "lan"])
@@ -320,11 +314,7 @@ struct DaemonRestartTests {
 
     @Test("a browse that avahi-daemon never answers fails when libdbus gives up, saying the daemon hangs", .timeLimit(.minutes(2)))
     func unansweredBrowseSaysTheDaemonHangs() async throws {
-        try await AvahiDaemonGate.shared.exclusive {
-            defer { DaemonsScript.ensureAvahiRunning() }
-            let pid = try await Self.avahiStartedByDaemonsScript()
-            #expect(kill(pid, SIGSTOP) == 0)
-            defer { kill(pid, SIGCONT) }
+        try await Self.withAvahiStopped { _ in
             let browser = LANBrowser(serviceType: try ServiceType(TestHost.uniqueServiceType("h")))
             let start = ContinuousClock.now
             do throws(PeerLinkError) {
@@ -341,11 +331,7 @@ struct DaemonRestartTests {
 
     @Test("cancelling a browse that waits for a hung avahi-daemon ends the wait at once", .timeLimit(.minutes(1)))
     func cancelledBrowseStopsWaiting() async throws {
-        try await AvahiDaemonGate.shared.exclusive {
-            defer { DaemonsScript.ensureAvahiRunning() }
-            let pid = try await Self.avahiStartedByDaemonsScript()
-            #expect(kill(pid, SIGSTOP) == 0)
-            defer { kill(pid, SIGCONT) }
+        try await Self.withAvahiStopped { _ in
             let browser = LANBrowser(serviceType: try ServiceType(TestHost.uniqueServiceType("h")))
             let browse = Task { try await browser.events() }
             try await Task.sleep(for: .milliseconds(300))
@@ -361,6 +347,20 @@ struct DaemonRestartTests {
             case .failure(let error):
                 Issue.record("not a PeerLinkError: \(error)")
             }
+        }
+    }
+
+    /// Runs `body` while the avahi-daemon daemons.sh started is stopped (SIGSTOP: it holds its
+    /// D-Bus name and answers nothing, as a hung daemon does) and no other test uses it. It goes
+    /// on (SIGCONT) when `body` calls `resume`, and when `body` ends in any case.
+    static func withAvahiStopped(_ body: (_ resume: @Sendable () -> Void) async throws -> Void) async throws {
+        try await AvahiDaemonGate.shared.exclusive {
+            defer { DaemonsScript.ensureAvahiRunning() }
+            let pid = try await avahiStartedByDaemonsScript()
+            #expect(kill(pid, SIGSTOP) == 0)
+            let resume: @Sendable () -> Void = { kill(pid, SIGCONT) }
+            defer { resume() }
+            try await body(resume)
         }
     }
 
