@@ -15,7 +15,10 @@ public protocol LinkChannel: AnyObject, Sendable {
     /// a channel that reads in place reuse its storage instead of allocating for every read. The
     /// default hands over the array ``read()`` returns.
     func read(into buffer: inout [UInt8]) async throws -> Int
-    /// Writes all of `bytes`; returns when the transport took them (back-pressure).
+    /// Writes all of `bytes`; returns when the transport took them (back-pressure). In a
+    /// cancelled task it takes what the transport takes at once and throws `CancellationError`
+    /// instead of waiting for room for the rest, as a socket's send would: a link whose task is
+    /// cancelled writes its `GO_AWAY` through it and relies on it to end.
     func write(_ bytes: [UInt8]) async throws
     /// Writes what the transport takes of `bytes` at once, without waiting, and returns how
     /// many bytes that was (0: none now; ``write(_:)`` the rest, in order). Throws as

@@ -83,14 +83,18 @@ extension Descriptor {
     /// Writes all of `bytes`, in sends of at most `piece` bytes (a `SOCK_SEQPACKET` socket: one
     /// packet each; nil: any size); returns once the kernel took the last of them.
     ///
+    /// Like a blocking socket's, a cancelled task's write still hands the kernel what it takes at
+    /// once: only waiting for room is cancelled. (A link whose task is cancelled writes its
+    /// `GO_AWAY` that way.)
+    ///
     /// - Throws: a ``SystemError`` when the peer is gone (`EPIPE`, `ECONNRESET`; never a
     ///   `SIGPIPE`) or the socket was closed on this side, `CancellationError` when the task is
-    ///   cancelled: then part of `bytes` may have been sent, so close the socket.
+    ///   cancelled and the rest would have to wait for room: then part of `bytes` may have been
+    ///   sent, so close the socket.
     package func send(_ bytes: [UInt8], inPiecesOf piece: Int? = nil) async throws {
         let piece = max(1, piece ?? bytes.count)
         var offset = 0
         while offset < bytes.count {
-            try Task.checkCancellation()
             let fd = try acquire("send")
             defer { release() }
             let end = min(offset + piece, bytes.count)
@@ -100,7 +104,9 @@ extension Descriptor {
             if let sent {
                 offset += sent
             } else {
-                // The socket buffer is full: park until it drains (or the socket is shut down).
+                // The socket buffer is full: park until it drains (or the socket is shut down),
+                // unless the task was cancelled.
+                try Task.checkCancellation()
                 try await Readiness.shared.wait(for: fd, events: Int16(POLLOUT))
             }
         }

@@ -474,7 +474,6 @@ public final class Link: Sendable {
             state.withLockThenDeliver { state in wrote(batch, in: &state) }
         }
         state.withLockThenDeliver { state in
-            state.writerBusy = false
             state.writeStartedAt = nil
             state.writerDone = true
             state.queue = []
@@ -641,6 +640,14 @@ public final class Link: Sendable {
     /// The channel failed (or was closed here): the link is over, nothing more is written.
     private func channelFailed(_ error: any Error) {
         let logs = state.withLockThenDeliver { state -> [LogEntry] in
+            // A read or write cancelled with the link's task says nothing about the channel: the
+            // link closes as ``cancel()`` closes it — whichever of the two comes first — and the
+            // writer still writes what the close queued (its GO_AWAY) before it ends the link.
+            // (A reader that came first dropped the GO_AWAY now and then, and the peer saw the
+            // link end without one.)
+            if error is CancellationError, !state.writerDone {
+                return state.closure == nil ? closeForCancellation(&state) : []
+            }
             state.writerDone = true
             state.queue = []
             state.scheduler.removeAll()
@@ -656,19 +663,19 @@ public final class Link: Sendable {
         emit(logs)
     }
 
-    /// The task running the link was cancelled: close with a `GO_AWAY` if the writer can take
-    /// it at once, else close the channel now.
+    /// The task running the link was cancelled: close with a `GO_AWAY`. The writer runs in the
+    /// cancelled task, so it never waits for room again (``PeerLinkCore/LinkChannel/write(_:)``):
+    /// a write under way ends at once, with what the transport took; then the `GO_AWAY` goes
+    /// out if the transport takes it at once, and the link ends either way.
     private func cancel() {
-        let (logs, closeNow) = state.withLockThenDeliver { state -> ([LogEntry], Bool) in
-            // Busy before the GO_AWAY: then the GO_AWAY would wait behind a write that may not end.
-            let busy = state.writerBusy
-            let logs = apply(
-                state.machine.close(code: .normal, reason: "the link's task was cancelled"), to: &state, from: .cancel)
-            wakeTicker(&state)
-            return (logs, busy)
-        }
-        emit(logs)
-        if closeNow { channel.close() }
+        emit(state.withLockThenDeliver { state in closeForCancellation(&state) })
+    }
+
+    /// Called with the lock held: the close of a cancelled link (a `GO_AWAY`, code normal).
+    private func closeForCancellation(_ state: inout State) -> [LogEntry] {
+        let logs = apply(state.machine.close(code: .normal, reason: "the link's task was cancelled"), to: &state, from: .cancel)
+        wakeTicker(&state)
+        return logs
     }
 
     /// After the loops: nothing is left waiting.
@@ -993,7 +1000,6 @@ public final class Link: Sendable {
         /// Bytes queued or being written.
         var queuedBytes = 0
         var writerWaiter: CheckedContinuation<[UInt8]?, Never>?
-        var writerBusy = false
         /// When the last write ended (see ``Link/writesNow(_:lastWriteEnded:)``).
         var lastWriteEnded: ContinuousClock.Instant?
         /// The writer stopped (or the channel failed): nothing more is written.
@@ -1101,7 +1107,6 @@ public final class Link: Sendable {
         let count = batch.count
         state.machine.recycle(batch)
         state.lastWriteEnded = .now
-        state.writerBusy = false
         state.writeStartedAt = nil
         state.queuedBytes -= count
         if state.queuedBytes + state.scheduler.queuedPriorityBytes <= maxQueuedBytes {
@@ -1159,7 +1164,6 @@ public final class Link: Sendable {
             for bytes in state.queue { batch.append(contentsOf: bytes) }
         }
         state.queue = []
-        state.writerBusy = true
         state.writeStartedAt = now
         // the ticker watches this write from now on
         if state.tickerArmed, let armed = state.tickerDeadline, armed > state.writeStartedAt! + writeProgressTimeout {

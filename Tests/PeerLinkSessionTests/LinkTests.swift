@@ -235,7 +235,7 @@ struct MemoryLinkTests {
             var atBo = pair.listener.events.makeAsyncIterator()
             let seenByBo = try #require(await atBo.closure())
             #expect(seenByBo.byPeer)
-            #expect(seenByBo.code == .normal)
+            #expect(seenByBo.code == .normal, "\(seenByBo)")
             #expect(pair.dialer.closure?.error.code == .cancelled)
             try await group.waitForAll()
         }

@@ -50,6 +50,36 @@ struct TCPLinkTests {
         #expect(log.all.filter { $0.message == "link closed" }.count == 2)
     }
 
+    /// The GO_AWAY of a cancelled link goes to its writer, which runs in the cancelled task: a
+    /// socket write that gave up on cancellation before trying lost it whenever the link had
+    /// written within the last 100 µs (then a batch goes to the writer's task instead of being
+    /// written where it is queued), and the peer saw the link end without one.
+    @Test("cancelling a link's task just after it sent still sends the GO_AWAY over TCP", arguments: 0..<20)
+    func cancelledRightAfterSending(round: Int) async throws {
+        let listener = try TCPTransportListener(host: Self.loopback)
+        defer { listener.close() }
+        async let acceptedChannel = listener.accept()
+        let dialed = try await Self.dial(listener.port)
+        let accepted = try await acceptedChannel
+        let ana = Identity.generate()
+        let bo = Identity.generate()
+        let dialer = LinkFixture.link(dialed, .dialer, ana, name: "Ana", expecting: bo, log: TestLog())
+        let listening = LinkFixture.link(accepted, .listener, bo, name: "Bo", log: TestLog())
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            let dialerRun = Task { await dialer.run() }
+            group.addTask { await listening.run() }
+            _ = try await dialer.established
+            var atBo = listening.events.makeAsyncIterator()
+            try await dialer.send(LinkFixture.message(round))
+            dialerRun.cancel()
+            await dialerRun.value
+            #expect(await atBo.next(1).map(LinkFixture.index) == [round])
+            let seenByBo = try #require(await atBo.closure())
+            #expect(seenByBo.code == .normal && seenByBo.byPeer, "\(seenByBo)")
+            try await group.waitForAll()
+        }
+    }
+
     @Test("a peer that stops reading is closed when a write makes no progress for writeProgressTimeout (code 11), and the sender is told")
     func stalledWriteClosesTheLink() async throws {
         let log = TestLog()
