@@ -53,10 +53,7 @@ public final class LANBrowser: TransportBrowser {
         do {
             (context, browser) = try await runBlockingAbandonable(
                 "peerlink-lan-browse", limit: Self.startLimit,
-                discard: { started in
-                    started.1.stop()
-                    withExtendedLifetime(started.0) {}
-                }
+                discard: { started in Self.end(started.0, started.1) }
             ) { _ in
                 let context = try AvahiContext.connect(logger: logger)
                 let browser = AvahiBrowser(context: context, type: type) { input.yield(.avahi($0)) }
@@ -137,15 +134,20 @@ public final class LANBrowser: TransportBrowser {
         output.onTermination = { _ in
             driver.cancel()
             input.finish()
-            // Freeing the browser and its resolvers asks the daemon too; the context (its client
-            // and poll thread) lives as long as the browse and goes with the same thread.
             Thread.detachNewThread {
                 Sys.nameCurrentThread("peerlink-lan-stop")
-                browser.stop()
-                withExtendedLifetime(context) {}
+                Self.end(context, browser)
             }
         }
         return events
+    }
+
+    /// Ends a browse, on the calling thread (never a cooperative one): freeing the browser and
+    /// its resolvers asks the daemon too; the context (its client and poll thread), kept as long
+    /// as the browse, goes after them.
+    private static func end(_ context: AvahiContext, _ browser: AvahiBrowser) {
+        browser.stop()
+        withExtendedLifetime(context) {}
     }
 
     /// The longest a browse waits to start: two calls to the daemon, each of which libdbus gives
