@@ -23,6 +23,11 @@ final class FilePair: Sendable {
         var identities = [Identity.generate(), Identity.generate()]
         identities.sort { $0.fingerprint < $1.fingerprint }
         let policy = SessionPolicy(automatic: true, reconnectGrace: reconnectGrace)
+        // The receiver never invites by itself (automatic mode's fallback, 10 s by default, let
+        // it dial the sender directly when a loaded machine's discovery was slow; the cut then
+        // missed the pair's only link): the sender's link through the proxy is the pair's link.
+        var receiverPolicy = policy
+        receiverPolicy.automaticFallback = .seconds(3600)
         let lan = TransportChoice.modules([LANTransportModule(listenHost: "127.0.0.1")])
         sender = try PeerNode(
             configuration: PeerNodeConfiguration(
@@ -32,7 +37,7 @@ final class FilePair: Sendable {
         receiver = try PeerNode(
             configuration: PeerNodeConfiguration(
                 session: PeerSessionConfiguration(
-                    identity: identities[1], displayName: try DisplayName("receiver"), serviceType: service, policy: policy),
+                    identity: identities[1], displayName: try DisplayName("receiver"), serviceType: service, policy: receiverPolicy),
                 transports: lan, advertising: false))
         guard let receiverPort = receiver.session.listeners.flatMap(\.localEndpoints).compactMap(\.tcp).first?.port else {
             throw HarnessError("the receiver has no TCP listener")
@@ -198,6 +203,7 @@ struct FileTransferIntegrationTests {
             defer { Task { await pair.close() } }
             let file = try await OutgoingFile.prepare(path: try FilePair.makeFile(mebibytes: 20))
             try await pair.waitConnected()
+            #expect(pair.proxy.accepted.withLock { $0 } >= 1, "the sender dialled through the proxy")
             let transfer = pair.sender.session.sendFile(file, to: pair.receiverPeer)
             var cutAt: UInt64?
             let ended = await transfer.updates.drain { progress in
