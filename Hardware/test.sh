@@ -8,8 +8,9 @@
 #           stops only what this run started (and restarts an avahi a test left stopped)
 #        3. swift build --build-tests, then swift test --skip-build [arguments...] (without
 #           arguments: PeerLinkCore's unit tests first in a process of their own, then every
-#           other suite but the avahi-daemon restarts, the 1 GiB transfers, the 8-host soak and
-#           the attacks on a chat, which run alone after), then a few-second smoke run
+#           other suite but the avahi-daemon restarts, the 1 GiB transfers, the 8-host soak,
+#           the attacks on a chat and the liveness deadlines, which run alone after), then a
+#           few-second smoke run
 #           of the benchmark (peerlink-bench --smoke --json, its JSON checked by
 #           Hardware/bench-check.py; loopback only), the fuzz targets' committed corpus replayed
 #           and each target run for a few seconds (Hardware/fuzz.sh --seconds 3: libFuzzer and
@@ -133,6 +134,10 @@ test_cmd=(swift test --skip-build "${scratch[@]}" "$@")
 # (LargeFileTests), the 8-host soak (SoakTests) and the attacks on a chat (HostileChatTests:
 # 3000 connections, 80 MiB of messages in a debug build): beside the other suites, their load makes
 # timed expectations elsewhere late.
+# The liveness deadlines (LivenessTimingTests: a vanished peer lost within the policy's 3 s) are
+# checked on their own too: as the integration process starts, two hundred tests begin at once
+# on its cooperative threads, and a browser's ticks and probes waited their turn long enough to
+# see a peer lost 3.1-3.5 s after its port closed (alone: 1.2 s).
 #
 # Before them, in a process of its own, the unit tests of PeerLinkCore (state machines, codecs,
 # seeded simulations: about 45 s of computation in a debug build). Run beside the integration
@@ -141,7 +146,7 @@ test_cmd=(swift test --skip-build "${scratch[@]}" "$@")
 # saw its peer lost 3.5 s after the cut where 1.8 s is the design's worst case. In their own
 # process they only share the CPUs, which the kernel divides fairly.
 alone=()
-alone_suites=(DaemonRestartTests LargeFileTests SoakTests HostileChatTests)
+alone_suites=(DaemonRestartTests LargeFileTests SoakTests HostileChatTests LivenessTimingTests)
 units=()
 if [ $# = 0 ]; then
     units=(swift test --skip-build "${scratch[@]}" --filter PeerLinkCoreTests)
