@@ -152,11 +152,11 @@ enum MPCChatExample {
             }
             if inputEnded && pending.isEmpty { break }
         }
-        // Give the last messages a moment on their links before leaving.
-        try? await Task.sleep(for: .seconds(1))
         browser.stopBrowsingForPeers()
         advertiser.stopAdvertisingPeer()
-        session.disconnect()
+        // The last lines go out before the goodbye; waiting for it means the peers see this
+        // process leave at once, not as a lost link they wait for.
+        await session.disconnect(waitingUpTo: .seconds(5))
         exit(status)
     }
 }

@@ -305,8 +305,16 @@ struct MultipeerAPITests {
 
         browser.stopBrowsingForPeers()
         advertiser.stopAdvertisingPeer()
-        bobSession.disconnect()
+        // Leaving and waiting for it, as a process does before it exits: the call returns once
+        // the goodbye went out, long before its timeout, and Ann sees Bob leave (not lose his
+        // link, which she would keep for her 30 s reconnect grace).
+        let leaving = ContinuousClock.now
+        #expect(await bobSession.disconnect(waitingUpTo: .seconds(20)))
+        #expect(ContinuousClock.now - leaving < .seconds(10))
+        #expect(bobSession.connectedPeers.isEmpty)
         try await annLog.wait("Ann sees Bob leave", timeout: .seconds(15)) { $0.states(of: bob).last == .notConnected }
+        // Nothing to leave: at once.
+        #expect(await bobSession.disconnect(waitingUpTo: .seconds(20)))
         annSession.disconnect()
     }
 

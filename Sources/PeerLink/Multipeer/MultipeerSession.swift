@@ -180,14 +180,50 @@ public final class MultipeerSession: Sendable {
     /// Leaves the session: every link is closed (`GO_AWAY` 0, after what was already sent), and
     /// the delegate is told every peer is *not connected*. The session stays usable: an advertiser
     /// attached to it keeps advertising (a new listener), and it can be invited again.
+    ///
+    /// It returns at once; the links are closed by the session's own tasks a moment later. A
+    /// process that exits next calls ``disconnect(waitingUpTo:)`` instead: a process gone before
+    /// its `GO_AWAY` went out looks to its peers like a lost link, and they keep it for their
+    /// reconnect grace (30 s by default) before they see it leave.
     public func disconnect() {
+        leave()
+    }
+
+    /// Leaves the session as ``disconnect()`` does, and returns once every link has sent its
+    /// `GO_AWAY` and closed, or after `timeout` (whichever comes first; at once when the session
+    /// was not connected). What a process calls before it exits, so its peers see it leave at
+    /// once.
+    ///
+    /// - Returns: false when `timeout` passed first (or the calling task was cancelled).
+    @discardableResult
+    public func disconnect(waitingUpTo timeout: Duration) async -> Bool {
+        guard let closing = leave() else { return true }
+        return await withTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                await closing.value
+                return true
+            }
+            group.addTask {
+                try? await Task.sleep(for: timeout)
+                return false
+            }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+    }
+
+    /// What ``disconnect()`` does; returns the task of the generation it ended, which is over
+    /// once that generation's links are closed (nil when there was none).
+    @discardableResult
+    private func leave() -> Task<Void, Never>? {
         let resources = state.withLock { state in
             defer { state.resources = [:] }
             return state.resources.values
         }
         for job in resources { job.cancel(reason: "\(myPeerID.displayName) left the session", code: .notConnected) }
-        state.withLock { state in
-            guard let generation = state.generation else { return }
+        return state.withLock { state -> Task<Void, Never>? in
+            guard let generation = state.generation else { return nil }
             state.generation = nil
             publisher.withdraw()
             for tracked in state.peers.values.sorted(by: { $0.since < $1.since }) where tracked.state != .notConnected {
@@ -198,12 +234,13 @@ public final class MultipeerSession: Sendable {
             generation.commands.yield(.disconnect)
             generation.commands.finish()
             logger.info("left the session")
-            guard state.advertising != nil, let serviceType = state.serviceType else { return }
+            guard state.advertising != nil, let serviceType = state.serviceType else { return generation.task }
             // Advertised again on a new node; if it cannot open or publish, the advertiser is
             // told (generationFailed, publishFailed).
             let next = makeGeneration(serviceType, in: &state)
             state.generation = next
             publish(in: next, state: &state)
+            return generation.task
         }
     }
 
