@@ -33,6 +33,9 @@ struct Chat: AsyncParsableCommand {
             seconds), each message received is printed as "NAME: TEXT", joins and leaves as \
             "* NAME joined" and "* NAME left"; at the end of input it sends what it read, waits (up \
             to 10 s) until every peer acknowledged it, even one whose link is being replaced, and exits 0.
+
+            Ctrl-C (SIGINT) or SIGTERM leaves as /quit does, without waiting for acknowledgements, \
+            and exits 0: peers see "* NAME left" at once. A second one exits at once.
             """)
 
     @Option(parsing: .unconditional, help: "The display name others see: 1 to 63 bytes of UTF-8.")
@@ -189,9 +192,23 @@ struct Chat: AsyncParsableCommand {
         let receiver = FileReceiver(directory: dir)
         let files = ChatFiles()
 
+        // Ctrl-C or SIGTERM leaves as /quit does: a process killed by the signal would be a lost
+        // link to its peers, who keep it for their reconnect grace before they see it leave. The
+        // signal wait cannot be cancelled; a stream of it can, so the run can end otherwise too.
+        let (signals, signalSink) = AsyncStream.makeStream(of: Int32.self)
+        Task.detached { signalSink.yield(await waitForTerminationSignal()) }
+
         let outcome: Int32 = await withTaskGroup(of: Int32?.self) { group in
             group.addTask {
                 await node.run()
+                return nil
+            }
+            group.addTask {
+                for await number in signals {
+                    console.status("\(number == SIGINT ? "interrupted" : "terminated"): leaving (once more to quit at once)")
+                    Task.detached { Foundation.exit(128 + (await waitForTerminationSignal())) }
+                    return 0
+                }
                 return nil
             }
             // Everything that happens, printed in one place.

@@ -45,6 +45,32 @@ struct ChatTests {
         #expect(try await bob.waitForExit() == 0)
     }
 
+    /// A chat killed by the signal is a lost link: its peers dial it again ("could not reach
+    /// Ann ... is the peer still running?") for their reconnect grace. Handled, it says goodbye.
+    @Test("Ctrl-C (SIGINT) and SIGTERM leave as /quit does: exit 0, peers see the leave and dial nobody", .timeLimit(.minutes(2)))
+    func signalsLeave() async throws {
+        let service = TestHost.uniqueServiceType("c")
+        let bob = try Self.chat("Bob", service: service)
+        defer { bob.terminate() }
+        for (name, number) in [("Ann", SIGINT), ("Cid", SIGTERM)] {
+            let peer = try Self.chat(name, service: service)
+            defer { peer.terminate() }
+            try await bob.waitForLine(containing: "* \(name) joined", timeout: .seconds(30))
+            try await peer.waitForLine(containing: "* Bob joined", timeout: .seconds(30))
+            peer.type("bye from \(name)\n")
+            try await bob.waitForLine(containing: "\(name): bye from \(name)")
+            peer.signal(number)
+            #expect(try await peer.waitForExit(timeout: .seconds(15)) == 0, "stderr: \(peer.stderr)")
+            #expect(peer.stderr.contains(number == SIGINT ? "interrupted: leaving" : "terminated: leaving"))
+            try await bob.waitForLine(containing: "* \(name) left", timeout: .seconds(10))
+            // A lost link would be dialled again at once, and every 2 s.
+            try await Task.sleep(for: .seconds(3))
+            #expect(!bob.stderr.contains("could not reach \(name)"), "Bob's stderr:\n\(bob.stderr)")
+        }
+        bob.closeInput()
+        #expect(try await bob.waitForExit() == 0)
+    }
+
     @Test("lines read before anybody joined are sent at the end of input, then chat exits 0", .timeLimit(.minutes(2)))
     func scriptFlushesAtEndOfInput() async throws {
         let service = TestHost.uniqueServiceType("c")
