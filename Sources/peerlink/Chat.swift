@@ -193,8 +193,8 @@ struct Chat: AsyncParsableCommand {
         let files = ChatFiles()
 
         // Ctrl-C or SIGTERM leaves as /quit does: a process killed by the signal would be a lost
-        // link to its peers, who keep it for their reconnect grace before they see it leave. The
-        // signal wait cannot be cancelled; a stream of it can, so the run can end otherwise too.
+        // link to its peers, which they dial again for their reconnect grace. The signal wait
+        // cannot be cancelled; a stream of it can, so the run can end otherwise too.
         let (signals, signalSink) = AsyncStream.makeStream(of: Int32.self)
         Task.detached { signalSink.yield(await waitForTerminationSignal()) }
 
