@@ -318,6 +318,25 @@ struct MultipeerAPITests {
         annSession.disconnect()
     }
 
+    /// A goodbye that cannot go out (the node is still waiting for its transport) holds the
+    /// caller no longer than it said.
+    @Test("disconnect(waitingUpTo:) returns false at its timeout while the node still waits for a stalled transport", .timeLimit(.minutes(1)))
+    func leavingWaitsNoLongerThanItsTimeout() async throws {
+        let gate = Gate()
+        defer { gate.open() }
+        let ann = try Self.freshPeer("Ann")
+        let session = MultipeerSession(
+            peer: ann, transports: .modules([StallingModule(base: MemoryTransportModule(network: MemoryNetwork(), listenerName: "ann"), gate: gate)]))
+        let advertiser = NearbyServiceAdvertiser(peer: ann, discoveryInfo: nil, serviceType: "stall")
+        advertiser.startAdvertisingPeer()
+        try await waitUntil("Ann's node waits for its transport", timeout: .seconds(10), { gate.waiting }, { $0 == 1 })
+        let leaving = ContinuousClock.now
+        #expect(await !session.disconnect(waitingUpTo: .milliseconds(300)))
+        #expect(ContinuousClock.now - leaving < .seconds(5), "the timeout bounds the wait")
+        #expect(!gate.isOpen)
+        advertiser.stopAdvertisingPeer()
+    }
+
     /// A node that cannot open (its only transport cannot run here) is found out after the call
     /// that needed it returned; the advertiser's delegate and the invited peer's state say so,
     /// as when the node failed at once, and the session is free to serve another service type.

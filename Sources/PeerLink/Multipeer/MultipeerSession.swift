@@ -198,19 +198,24 @@ public final class MultipeerSession: Sendable {
     @discardableResult
     public func disconnect(waitingUpTo timeout: Duration) async -> Bool {
         guard let closing = leave() else { return true }
-        return await withTaskGroup(of: Bool.self) { group in
-            group.addTask {
-                await closing.value
-                return true
-            }
-            group.addTask {
-                try? await Task.sleep(for: timeout)
-                return false
-            }
-            let first = await group.next() ?? false
-            group.cancelAll()
-            return first
+        // Not a task group: a group waits for all its tasks, and waiting for a task's value does
+        // not end when cancelled, so a generation still opening would hold the caller past the
+        // timeout. The first of the two answers; the generation's waiter ends with it.
+        let (answers, answer) = AsyncStream.makeStream(of: Bool.self)
+        Task {
+            await closing.value
+            answer.yield(true)
         }
+        let timer = Task {
+            try? await Task.sleep(for: timeout)
+            answer.yield(false)
+        }
+        defer {
+            timer.cancel()
+            answer.finish()
+        }
+        for await closed in answers { return closed }
+        return false  // the calling task was cancelled
     }
 
     /// What ``disconnect()`` does; returns the task of the generation it ended, which is over
