@@ -644,8 +644,10 @@ public final class Link: Sendable {
             // link closes as ``cancel()`` closes it — whichever of the two comes first — and the
             // writer still writes what the close queued (its GO_AWAY) before it ends the link.
             // (A reader that came first dropped the GO_AWAY now and then, and the peer saw the
-            // link end without one.)
-            if error is CancellationError, !state.writerDone {
+            // link end without one.) The transports report a cancelled call as `PeerLinkError`
+            // `cancelled`: taken for a failure of the channel, it dropped the GO_AWAY the
+            // cancellation had queued.
+            if Self.isCancellation(error), !state.writerDone {
                 return state.closure == nil ? closeForCancellation(&state) : []
             }
             state.writerDone = true
@@ -663,6 +665,13 @@ public final class Link: Sendable {
         emit(logs)
     }
 
+    /// Whether a read or write failed only because the link's task was cancelled: Swift's
+    /// `CancellationError`, or a transport's `PeerLinkError` `cancelled` (TCP and Bluetooth
+    /// report it so).
+    package static func isCancellation(_ error: any Error) -> Bool {
+        error is CancellationError || (error as? PeerLinkError)?.code == .cancelled
+    }
+
     /// The task running the link was cancelled: close with a `GO_AWAY`. The writer runs in the
     /// cancelled task, so it never waits for room again (``PeerLinkCore/LinkChannel/write(_:)``):
     /// a write under way ends at once, with what the transport took; then the `GO_AWAY` goes
@@ -671,8 +680,11 @@ public final class Link: Sendable {
         emit(state.withLockThenDeliver { state in closeForCancellation(&state) })
     }
 
-    /// Called with the lock held: the close of a cancelled link (a `GO_AWAY`, code normal).
+    /// Called with the lock held: the close of a cancelled link (a `GO_AWAY`, code normal), after
+    /// what was queued before it, as ``close(code:reason:linger:)`` does (the writer takes no
+    /// frame once the link is closed: one still queued was lost).
     private func closeForCancellation(_ state: inout State) -> [LogEntry] {
+        flushScheduler(&state)
         let logs = apply(state.machine.close(code: .normal, reason: "the link's task was cancelled"), to: &state, from: .cancel)
         wakeTicker(&state)
         return logs
