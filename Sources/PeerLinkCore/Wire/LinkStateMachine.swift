@@ -313,6 +313,9 @@ public struct LinkStateMachine: Sendable {
     /// The largest buffer ``recycle(_:)`` keeps.
     public static let maxSpareCapacity = 256 * 1024
 
+    /// The capacity of the buffer kept for the next records (0: none): for tests.
+    package var keptBufferCapacity: Int { spareWire.capacity }
+
     /// Frames up to this size (header included) are small: messages, control, credit. A large
     /// frame (stream data, a chunk of a big message) never follows a small one in a record.
     public static let smallFrameLimit = 1024
