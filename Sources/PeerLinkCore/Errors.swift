@@ -33,4 +33,11 @@ public struct PeerLinkError: Error, Hashable, Sendable, CustomStringConvertible 
     }
 
     public var description: String { message }
+
+    /// Whether `error` only says that a task was cancelled: Swift's `CancellationError`, or the
+    /// `cancelled` code the transports map it to (a cancelled read, write, dial or accept over
+    /// TCP or Bluetooth).
+    package static func isCancellation(_ error: any Error) -> Bool {
+        error is CancellationError || (error as? PeerLinkError)?.code == .cancelled
+    }
 }

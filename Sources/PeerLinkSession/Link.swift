@@ -647,7 +647,7 @@ public final class Link: Sendable {
             // link end without one.) The transports report a cancelled call as `PeerLinkError`
             // `cancelled`: taken for a failure of the channel, it dropped the GO_AWAY the
             // cancellation had queued.
-            if Self.isCancellation(error), !state.writerDone {
+            if PeerLinkError.isCancellation(error), !state.writerDone {
                 return state.closure == nil ? closeForCancellation(&state) : []
             }
             state.writerDone = true
@@ -663,13 +663,6 @@ public final class Link: Sendable {
             return apply(state.machine.receiveEnd(at: clock.now()), to: &state, from: .channelFailure(failure))
         }
         emit(logs)
-    }
-
-    /// Whether a read or write failed only because the link's task was cancelled: Swift's
-    /// `CancellationError`, or a transport's `PeerLinkError` `cancelled` (TCP and Bluetooth
-    /// report it so).
-    package static func isCancellation(_ error: any Error) -> Bool {
-        error is CancellationError || (error as? PeerLinkError)?.code == .cancelled
     }
 
     /// The task running the link was cancelled: close with a `GO_AWAY`. The writer runs in the

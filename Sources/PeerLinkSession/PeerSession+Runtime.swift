@@ -399,7 +399,7 @@ extension PeerSession {
             do {
                 accepted = try await unlessStopped { try await listener.accept() } discard: { $0.close() }
             } catch {
-                if stopped.isFired || Link.isCancellation(error) { return }
+                if stopped.isFired || PeerLinkError.isCancellation(error) { return }
                 // Resource limits (issue 11): only a closed listener ends the loop; other failures
                 // (no descriptors, no memory) pause and accept again (PeerSession+Limits.swift).
                 if await acceptFailed(error, listener: listener, failuresInARow: &failuresInARow) { continue }
@@ -454,7 +454,7 @@ extension PeerSession {
                     $0.close()
                 }
             } catch {
-                if Link.isCancellation(error) { return }
+                if PeerLinkError.isCancellation(error) { return }
                 let message = Self.message(of: error)
                 metadata["reason"] = "\(message)"
                 logger.info("dial failed", metadata: metadata)
@@ -473,7 +473,7 @@ extension PeerSession {
                 core.withLock { $0.failedEndpoints.worked(endpoint) }
                 return
             }
-            if Link.isCancellation(handshakeFailure) || stopped.isFired { return }
+            if PeerLinkError.isCancellation(handshakeFailure) || stopped.isFired { return }
             let message = Self.message(of: handshakeFailure)
             metadata["reason"] = "\(message)"
             logger.info("handshake failed on a dialled link", metadata: metadata)
@@ -809,7 +809,7 @@ extension PeerSession {
         ]
         let reason = Self.message(of: error)
         metadata["reason"] = "\(reason)"
-        if Link.isCancellation(error) || stopped.isFired {
+        if PeerLinkError.isCancellation(error) || stopped.isFired {
             logger.debug("link ended during the handshake as the session stops", metadata: metadata)
             return
         }
