@@ -66,4 +66,45 @@ struct MessageReassemblyTests {
         #expect(reassembly.add(id: 4, flags: [], chunk: [1]) == .tooLarge(WireFormat.maxMessageLength + 1))
         #expect(reassembly.bufferedBytes == 0)
     }
+
+    /// Chunks that are parts of a received record (``RecordPin``) are kept as they are, and the
+    /// record counts as its chunks' bytes while they make up at least half of it, all of it once
+    /// they are less: a peer cannot keep whole records alive through a few bytes of each.
+    @Test func chunksSharingARecordCountAsTheRecordOnceTheyHoldLessThanHalf() {
+        var reassembly = MessageReassembly()
+        let size = WireFormat.maxFramePayload
+        let record = (0..<(3 * size + 60)).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let pin = RecordPin(size: record.count)
+        func part(_ index: Int) -> FramePayload { FramePayload(record[(20 + index * (size + 20))...].prefix(size), pinning: pin) }
+        for id: UInt32 in 1...3 {
+            #expect(reassembly.add(id: id, flags: .more, chunk: part(Int(id) - 1)) == .incomplete)
+        }
+        #expect(reassembly.bufferedBytes == 3 * size)
+        #expect(reassembly.add(id: 1, flags: [], chunk: [1]) == .complete(part(0).array + [1]))
+        #expect(reassembly.bufferedBytes == 2 * size)
+        #expect(reassembly.add(id: 2, flags: [], chunk: [2]) == .complete(part(1).array + [2]))
+        // one chunk of three left: the record is what it holds
+        #expect(reassembly.bufferedBytes == record.count)
+        // a second record's chunk for the same message: counted as its bytes (all of its record)
+        let other = [UInt8](repeating: 9, count: size + 20)
+        #expect(reassembly.add(id: 3, flags: .more, chunk: FramePayload(other[20...], pinning: RecordPin(size: other.count))) == .incomplete)
+        #expect(reassembly.bufferedBytes == record.count + size)
+        #expect(reassembly.add(id: 3, flags: [], chunk: [3]) == .complete(part(2).array + [UInt8](repeating: 9, count: size) + [3]))
+        #expect(reassembly.bufferedBytes == 0)
+        #expect(reassembly.bufferCount == 0)
+    }
+
+    /// A message over the limit is dropped with the records its chunks held.
+    @Test func aMessageOverTheLimitReleasesItsRecords() {
+        var reassembly = MessageReassembly()
+        let record = [UInt8](repeating: 5, count: WireFormat.maxFramePayload + 20)
+        let chunks = WireFormat.maxMessageLength / WireFormat.maxFramePayload
+        for _ in 0..<chunks {
+            let chunk = FramePayload(record[20...], pinning: RecordPin(size: record.count))
+            #expect(reassembly.add(id: 4, flags: .more, chunk: chunk) == .incomplete)
+        }
+        #expect(reassembly.bufferedBytes == WireFormat.maxMessageLength)
+        #expect(reassembly.add(id: 4, flags: [], chunk: [1]) == .tooLarge(WireFormat.maxMessageLength + 1))
+        #expect(reassembly.bufferedBytes == 0)
+    }
 }

@@ -688,6 +688,51 @@ struct WireLinkHostileTests {
         #expect(pair.listener.bufferedByteCount == 0)
     }
 
+    /// A large message chunk whose record was completed in the machine's own storage (plain: a
+    /// record cut by a read) or opened there (encrypted) is a part of that storage, not a copy
+    /// (``RecordPin``): the storage is left to it, so it stays what was sent while later records
+    /// arrive, and the caller's read buffer is still never held.
+    @Test(arguments: [EncryptionPreference.none, .required])
+    func largeChunksArePartsOfTheirRecord(_ encryption: EncryptionPreference) throws {
+        var pair = Self.establishedPair(encryption)
+        var frames: [(frame: Frame, sequence: UInt64?)] = []
+        for index in 0..<30 {
+            let size = [WireFormat.maxFramePayload, RecordPin.minimumChunk, RecordPin.minimumChunk - 1, 900][index % 4]
+            let chunk = FramePayload((0..<size).map { UInt8(truncatingIfNeeded: $0 &+ index &* 13) })
+            frames.append((.message(id: UInt32(index % 3 + 1), flags: index < 27 ? .more : [], chunk: chunk), UInt64(index + 1)))
+        }
+        // several frames to a record, as a writer batches them
+        var wire: [UInt8] = []
+        for start in stride(from: 0, to: frames.count, by: 3) {
+            wire += try pair.dialer.send(Array(frames[start..<min(start + 3, frames.count)]), at: .zero).sentBytes
+        }
+        var buffer = [UInt8](repeating: 0, count: 20_011)
+        let address = buffer.withUnsafeBufferPointer { $0.baseAddress }
+        var received: [LinkOutput] = []
+        var offset = 0
+        while offset < wire.count {
+            let count = min(buffer.count, wire.count - offset)
+            buffer.replaceSubrange(0..<count, with: wire[offset..<offset + count])
+            received += pair.listener.receive(buffer[..<count], at: .zero).events
+            offset += count
+            buffer.withUnsafeMutableBufferPointer { $0.update(repeating: 0xEE) }
+            #expect(buffer.withUnsafeBufferPointer { $0.baseAddress } == address)
+        }
+        #expect(received == frames.map { .sequenced($0.frame, sequence: $0.sequence!) })
+        var parts = 0
+        for output in received {
+            guard case .sequenced(.message(_, _, let chunk), _) = output else { continue }
+            if chunk.pin != nil {
+                parts += 1
+                #expect(chunk.count >= RecordPin.minimumChunk)
+            }
+        }
+        // encrypted: every large chunk (opened in the machine's buffer); plain: those whose
+        // record a read cut
+        #expect(encryption == .required ? parts == 16 : parts > 0)
+        #expect(pair.listener.bufferedByteCount == 0)
+    }
+
     @Test func bytesAfterGoAwayAreIgnored() throws {
         var pair = Self.establishedPair(.none)
         let goAway = try FrameDecoder.record(.goAway(code: .normal, reason: "bye"))

@@ -114,15 +114,30 @@ struct PeerOutbox: Sendable {
 /// A message of one chunk is that chunk, not a copy. A longer one is kept as its chunks (runs of
 /// small chunks merged until they fill a frame, so a peer sending tiny chunks costs no more than
 /// their bytes) and joined once, into a buffer of the message's size, when its last chunk
-/// arrives: not grown and copied again as it arrives.
+/// arrives: not grown and copied again as it arrives. A large chunk may be a part of the record
+/// it arrived in (``RecordPin``), kept as it is: ``bufferedBytes`` counts its bytes while the
+/// chunks held of that record make up at least half of it, and the whole record once they are
+/// less (so a peer cannot make a few bytes of each record hold all of it uncounted).
 package struct MessageReassembly: Sendable {
     private struct Partial {
-        var pieces: [[UInt8]] = []
+        var pieces: [FramePayload] = []
         var count = 0
     }
 
+    /// The chunks held of one record (``RecordPin``).
+    private struct Pinned {
+        let size: Int
+        var chunks = 0
+        var bytes = 0
+        /// What it adds to ``bufferedBytes``.
+        var counted: Int { 2 * bytes >= size ? bytes : size }
+    }
+
     private var partial: [UInt32: Partial] = [:]
-    /// Bytes held in ``partial``.
+    /// The records that chunks held in ``partial`` are parts of.
+    private var pins: [ObjectIdentifier: Pinned] = [:]
+    /// The memory held for ``partial``, as the session's limits count it: the bytes of the
+    /// chunks (see the type's note for the records chunks are parts of).
     package private(set) var bufferedBytes = 0
 
     package init() {}
@@ -138,35 +153,83 @@ package struct MessageReassembly: Sendable {
     }
 
     /// Takes a chunk of message `id`. A whole chunk (a decoded frame's) is kept or delivered as
-    /// its own array, not copied.
+    /// its own array, not copied; a part of a received record is kept as it is.
     package mutating func add(id: UInt32, flags: FrameFlags, chunk: FramePayload) -> Outcome {
         // (no look-up while nothing waits: most messages are one chunk)
         guard !partial.isEmpty, var message = partial.removeValue(forKey: id) else {
             // The first chunk: a whole message when no more follow (a chunk is never over the
             // limit: a frame is far shorter).
             guard flags.contains(.more) else { return .complete(chunk.array) }
-            bufferedBytes += chunk.count
-            partial[id] = Partial(pieces: [chunk.array], count: chunk.count)
-            return .incomplete
-        }
-        bufferedBytes -= message.count
-        let total = message.count + chunk.count
-        guard total <= WireFormat.maxMessageLength else { return .tooLarge(total) }
-        if flags.contains(.more) {
-            if let last = message.pieces.indices.last, message.pieces[last].count < WireFormat.maxFramePayload {
-                chunk.append(to: &message.pieces[last])
-            } else {
-                message.pieces.append(chunk.array)
-            }
-            message.count = total
-            bufferedBytes += total
+            var message = Partial()
+            keep(chunk, in: &message)
             partial[id] = message
             return .incomplete
         }
+        let total = message.count + chunk.count
+        guard total <= WireFormat.maxMessageLength else {
+            release(message)
+            return .tooLarge(total)
+        }
+        if flags.contains(.more) {
+            keep(chunk, in: &message)
+            partial[id] = message
+            return .incomplete
+        }
+        release(message)
         var bytes: [UInt8] = []
         bytes.reserveCapacity(total)
-        for piece in message.pieces { bytes += piece }
+        for piece in message.pieces { piece.append(to: &bytes) }
         chunk.append(to: &bytes)
         return .complete(bytes)
+    }
+
+    /// Adds `chunk` to `message`'s pieces, and what it holds to ``bufferedBytes``.
+    private mutating func keep(_ chunk: FramePayload, in message: inout Partial) {
+        message.count += chunk.count
+        if let pin = chunk.pin {
+            message.pieces.append(chunk)
+            count(pin, chunks: 1, bytes: chunk.count)
+            return
+        }
+        bufferedBytes += chunk.count
+        if let last = message.pieces.indices.last, message.pieces[last].pin == nil,
+            message.pieces[last].count < WireFormat.maxFramePayload
+        {
+            var bytes = message.pieces[last].array
+            message.pieces[last] = []
+            chunk.append(to: &bytes)
+            message.pieces[last] = FramePayload(bytes)
+        } else {
+            message.pieces.append(FramePayload(chunk.array))
+        }
+    }
+
+    /// Takes what `message`'s pieces hold off ``bufferedBytes``.
+    private mutating func release(_ message: Partial) {
+        for piece in message.pieces {
+            if let pin = piece.pin {
+                count(pin, chunks: -1, bytes: -piece.count)
+            } else {
+                bufferedBytes -= piece.count
+            }
+        }
+    }
+
+    /// Counts `chunks` more chunks of `pin`'s record, of `bytes` bytes (fewer when negative).
+    private mutating func count(_ pin: RecordPin, chunks: Int, bytes: Int) {
+        let key = ObjectIdentifier(pin)
+        var pinned = Pinned(size: pin.size)
+        if let held = pins[key] {
+            pinned = held
+            bufferedBytes -= held.counted
+        }
+        pinned.chunks += chunks
+        pinned.bytes += bytes
+        if pinned.chunks > 0 {
+            bufferedBytes += pinned.counted
+            pins[key] = pinned
+        } else {
+            pins[key] = nil
+        }
     }
 }

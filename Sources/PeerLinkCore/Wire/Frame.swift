@@ -271,6 +271,18 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
     ///   not allow, an id that does not fit the type, a missing or zero sequence number, a
     ///   malformed control message.
     public static func decodeRecord(_ record: ArraySlice<UInt8>) throws(WireError) -> [(frame: Frame, sequence: UInt64?)] {
+        var pin: RecordPin?
+        return try decodeRecord(record, pinnable: nil, pin: &pin)
+    }
+
+    /// ``decodeRecord(_:)``, keeping each message chunk of at least ``RecordPin/minimumChunk``
+    /// bytes as a part of `record` instead of a copy, when `pinnable` (the bytes the record's
+    /// storage takes) is given: `pin` is then the record's pin if any chunk is such a part (the
+    /// caller must not reuse the storage then), else nil.
+    package static func decodeRecord(
+        _ record: ArraySlice<UInt8>, pinnable: Int?, pin: inout RecordPin?
+    ) throws(WireError) -> [(frame: Frame, sequence: UInt64?)] {
+        pin = nil
         guard !record.isEmpty else { throw .malformed("a record holds no frame") }
         var frames: [(frame: Frame, sequence: UInt64?)] = []
         var rest = record
@@ -285,7 +297,13 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
                     "the \(header.type) frame says \(header.length) bytes but the record holds \(rest.count - header.encodedLength)")
             }
             let payload = rest[start..<(start + Int(header.length))]
-            frames.append((try decodePayload(header, payload), header.sequence))
+            if let pinnable, header.type == .message, payload.count >= RecordPin.minimumChunk {
+                let recordPin = pin ?? RecordPin(size: pinnable)
+                pin = recordPin
+                frames.append((.message(id: header.streamID, flags: header.flags, chunk: FramePayload(payload, pinning: recordPin)), header.sequence))
+            } else {
+                frames.append((try decodePayload(header, payload), header.sequence))
+            }
             rest = rest[(start + Int(header.length))...]
         }
         return frames

@@ -5,10 +5,18 @@
 /// As small as an array (one word): a frame is copied several times on its way, and a larger
 /// payload would make every small message pay for what only large ones gain. A part costs one
 /// small allocation instead of a copy of its bytes.
+///
+/// A received chunk of a large message may be a part of the record it arrived in (see
+/// ``RecordPin``): the record's bytes stay alive while the chunk waits for the rest of its
+/// message, and the chunk is copied once, into the joined message.
 public struct FramePayload: Hashable, Sendable, ExpressibleByArrayLiteral, CustomStringConvertible {
     private final class Part: Sendable {
         let bytes: ArraySlice<UInt8>
-        init(_ bytes: ArraySlice<UInt8>) { self.bytes = bytes }
+        let pin: RecordPin?
+        init(_ bytes: ArraySlice<UInt8>, pin: RecordPin? = nil) {
+            self.bytes = bytes
+            self.pin = pin
+        }
     }
 
     private enum Storage: Sendable {
@@ -28,6 +36,17 @@ public struct FramePayload: Hashable, Sendable, ExpressibleByArrayLiteral, Custo
     /// part sharing its storage.
     public init(_ bytes: [UInt8], _ range: Range<Int>) {
         storage = range == bytes.indices ? .whole(bytes) : .part(Part(bytes[range]))
+    }
+
+    /// The bytes of `slice`, a part of the received record `pin` stands for (sharing its storage).
+    package init(_ slice: ArraySlice<UInt8>, pinning pin: RecordPin) { storage = .part(Part(slice, pin: pin)) }
+
+    /// The received record whose bytes this payload is a part of (and keeps alive), if any.
+    package var pin: RecordPin? {
+        switch storage {
+        case .whole: nil
+        case .part(let part): part.pin
+        }
     }
 
     /// The bytes of a sequence (copied).
@@ -82,4 +101,19 @@ public struct FramePayload: Hashable, Sendable, ExpressibleByArrayLiteral, Custo
     }
 
     public var description: String { "\(count) bytes" }
+}
+
+/// A received record whose bytes chunks of messages share (``FramePayload/init(_:pinning:)``)
+/// instead of being copied out of it: the record is kept alive, all of it, while any of them is.
+/// Its identity tells the chunks of one record apart from another's, so what they hold is
+/// counted once (``MessageReassembly``); `size` is the memory they keep alive.
+package final class RecordPin: Sendable {
+    /// The bytes the record's storage takes (its capacity).
+    package let size: Int
+
+    package init(size: Int) { self.size = size }
+
+    /// The smallest message chunk kept as a part of its record: a smaller one is copied out (a
+    /// copy of a few KiB costs less than a part and its count).
+    package static let minimumChunk = 4096
 }

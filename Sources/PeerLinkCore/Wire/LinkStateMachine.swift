@@ -560,11 +560,14 @@ public struct LinkStateMachine: Sendable {
 
     /// The frames of the record at the front of the buffer, consumed; nil while it is not
     /// complete. The record is read where it lies: opened from there when sealed, its frames
-    /// decoded from there (each payload copied out) when not. Nothing refers to the buffer after.
+    /// decoded from there (each payload copied out) when not. Nothing refers to the caller's
+    /// read buffer after; large message chunks may be parts of the storage the record was
+    /// completed or opened in (``RecordPin``), which is then left to them, not reused.
     private mutating func decodeRecord() throws(WireError) -> [(frame: Frame, sequence: UInt64?)]? {
         let encrypted = isEncrypted == true
         let length: Int
         let frames: [(frame: Frame, sequence: UInt64?)]
+        var pin: RecordPin?
         do {
             // `body` is a view of the buffer: it ends with this scope, before the buffer is
             // consumed, so the buffer's storage is not shared then (and is reused, not copied).
@@ -579,12 +582,15 @@ public struct LinkStateMachine: Sendable {
                 guard var keys = transport else {
                     throw WireError(.internalError, "no transport keys on an encrypted link")
                 }
-                // opened into the buffer the last record was opened into
+                // opened into the buffer the last record was opened into, unless chunks of
+                // that one still share it
                 var plaintext = openedScratch
                 openedScratch = []
                 defer {
-                    plaintext.removeAll(keepingCapacity: true)
-                    openedScratch = plaintext
+                    if pin == nil {
+                        plaintext.removeAll(keepingCapacity: true)
+                        openedScratch = plaintext
+                    }
                 }
                 do {
                     try keys.open(body, into: &plaintext)
@@ -592,12 +598,12 @@ public struct LinkStateMachine: Sendable {
                 } catch {
                     throw WireError(.protocolError, "a record failed to decrypt: \(error)")
                 }
-                frames = try Frame.decodeRecord(plaintext[...])
+                frames = try Frame.decodeRecord(plaintext[...], pinnable: plaintext.capacity, pin: &pin)
             } else {
-                frames = try Frame.decodeRecord(body)
+                frames = try Frame.decodeRecord(body, pinnable: buffer.ownedStorageSize, pin: &pin)
             }
         }
-        buffer.consume(length)
+        buffer.consume(length, keepingParts: !encrypted && pin != nil)
         return frames
     }
 

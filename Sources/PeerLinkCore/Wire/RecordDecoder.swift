@@ -66,6 +66,11 @@ package struct InputBuffer: Sendable {
     package var room: Int { capacity - count }
     package var readable: ArraySlice<UInt8> { lent.isEmpty ? storage[start...] : lent }
 
+    /// How many bytes the storage that ``readable`` is a part of takes, when that storage is
+    /// the queue's own (nil while it is lent input: the caller's buffer is reused). Parts of it
+    /// may then outlive the queue's use of it: see ``consume(_:keepingParts:)``.
+    package var ownedStorageSize: Int? { lent.isEmpty && count > 0 ? storage.capacity : nil }
+
     /// Takes as many of `bytes` as fit and returns the rest: lent when the queue is empty,
     /// appended to its storage otherwise. When the front item's length is known (``expect(_:)``),
     /// only what completes it is appended: the rest is lent once the item is consumed, instead
@@ -82,6 +87,9 @@ package struct InputBuffer: Sendable {
             storage.removeFirst(start)
             start = 0
         }
+        // Room for the whole item at once, no more: storage kept alive by parts of an item (see
+        // consume(_:keepingParts:)) is as large as that item, and it is not grown twice.
+        if expected > count, storage.capacity < start + expected { storage.reserveCapacity(start + expected) }
         storage += bytes.prefix(taken)
         return bytes.dropFirst(taken)
     }
@@ -93,6 +101,13 @@ package struct InputBuffer: Sendable {
     }
 
     package mutating func consume(_ count: Int) {
+        consume(count, keepingParts: false)
+    }
+
+    /// Consumes `count` bytes; `keepingParts`: parts of them live on elsewhere (sharing the
+    /// storage, ``ownedStorageSize``), so the storage is left to them, not emptied for reuse
+    /// (which would copy it), and the next item gets storage of its own size.
+    package mutating func consume(_ count: Int, keepingParts: Bool) {
         let count = max(count, 0)
         expected = 0
         if !lent.isEmpty {
@@ -102,7 +117,15 @@ package struct InputBuffer: Sendable {
         }
         start = min(start + count, storage.count)
         if start == storage.count {
-            storage.removeAll(keepingCapacity: storage.capacity <= 2 * capacity)
+            if keepingParts {
+                storage = []
+            } else {
+                storage.removeAll(keepingCapacity: storage.capacity <= 2 * capacity)
+            }
+            start = 0
+        } else if keepingParts {
+            // (not in a link: an item is completed in the storage alone) the rest moves out
+            storage = Array(storage[start...])
             start = 0
         }
     }
@@ -114,6 +137,7 @@ package struct InputBuffer: Sendable {
         // Lending happens only while the storage is empty.
         storage.removeAll(keepingCapacity: storage.capacity <= 2 * capacity)
         start = 0
+        if storage.capacity < max(lent.count, expected) { storage.reserveCapacity(max(lent.count, expected)) }
         storage += lent
         lent = []
     }
