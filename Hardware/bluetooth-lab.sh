@@ -97,18 +97,23 @@ BIN=$(cd "$SCRATCH" && pwd)/debug/PeerLinkPackageTests.xctest
 [ -x "$BIN" ] || { say "no test binary at $BIN: build it with swift build --build-tests (or drop --skip-build)"; exit 2; }
 
 # The command run in the guest (by sh -c, in this directory): the lab's environment, then the
-# test binary with filter $1 (and more environment in $2). Arguments are quoted for that shell.
+# test binary with filter $1 (and more environment in $2). With $3 = trace, btmon records the
+# controllers' HCI traffic beside the tests, and a failure prints its connection and pairing
+# events (guest/pairing-trace.sh). Arguments are quoted for that shell.
 guest_command() {
-    local filter=$1 environment=${2:-} command arg
+    local filter=$1 environment=${2:-} trace=${3:-} command arg
     # PEERLINK_LAB_ADAPTER_CYCLES=1 (from the host) runs the tests that power adapters off and on
     # under a transfer (see BluetoothFileTests: the emulator does not survive them reliably)
     command="export PEERLINK_BLUETOOTH_LAB=1 PEERLINK_BIN_DIR=$(printf %q "$(dirname "$BIN")") ${PEERLINK_LAB_ADAPTER_CYCLES:+PEERLINK_LAB_ADAPTER_CYCLES=1} $environment;"
     command+=" echo \"bluetooth lab: kernel \$(uname -r), hci0 \$BTVM_HCI0_ADDR, hci1 \$BTVM_HCI1_ADDR\";"
+    [ "$trace" = trace ] && command+=" $(printf %q "$HERE/btvm/guest/pairing-trace.sh") start;"
     # --no-parallel: the suites share two controllers, and one test takes hci0 down.
     command+=" $(printf %q "$BIN") --testing-library swift-testing --no-parallel --filter $(printf %q "$filter")"
     for arg in "${EXTRA[@]}"; do command+=" $(printf %q "$arg")"; done
+    command+="; rc=\$?;"
+    [ "$trace" = trace ] && command+=" if [ \$rc != 0 ]; then $(printf %q "$HERE/btvm/guest/pairing-trace.sh") print; else $(printf %q "$HERE/btvm/guest/pairing-trace.sh") stop; fi;"
     # a bluetoothd that died under the tests is worth its log
-    command+="; rc=\$?; if [ -s /run/btvm/bluetoothd.pid ] && ! kill -0 \$(cat /run/btvm/bluetoothd.pid) 2>/dev/null; then"
+    command+=" if [ -s /run/btvm/bluetoothd.pid ] && ! kill -0 \$(cat /run/btvm/bluetoothd.pid) 2>/dev/null; then"
     command+=" echo 'bluetooth lab: bluetoothd is not running any more; the end of its log:'; tail -n 40 /run/btvm/bluetoothd.log; fi;"
     # a bluetoothd that runs but no longer answers: its log and the kernel's, and exit 122 (the
     # lab boots once more, as for a kernel fault)
@@ -211,7 +216,7 @@ if [ ${#BLUETOOTHD[@]} -gt 0 ]; then
                     break
                 fi
             fi
-            lab_boot "$(guest_command "BluetoothFreshLabTests/$test" PEERLINK_BLUETOOTH_FRESH_BOOT=1)" "${BLUETOOTHD[@]}" "${CONSOLE[@]}"
+            lab_boot "$(guest_command "BluetoothFreshLabTests/$test" PEERLINK_BLUETOOTH_FRESH_BOOT=1 trace)" "${BLUETOOTHD[@]}" "${CONSOLE[@]}"
             report
         done
         [ "$rc" = 0 ] && rc=$LAB_RC

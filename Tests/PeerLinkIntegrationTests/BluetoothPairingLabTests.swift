@@ -65,16 +65,19 @@ struct BluetoothPairingLabTests {
     }
 
     /// Two `peerlink chat --transport bluetooth`, one per controller, find each other over SDP
-    /// and exchange a line each way. Returns what both printed on standard error.
+    /// and exchange a line each way. Returns what both printed on standard error (with
+    /// `--verbose`: which side dialled which channel, and when, for a failure's report).
     @discardableResult
     static func twoChatsTalk() async throws -> String {
-        let a = try ChildProcess.peerlink(["chat", "--name", "alma", "--transport", "bluetooth", "--adapter", "hci0"], withInput: true)
+        let a = try ChildProcess.peerlink(
+            ["chat", "--name", "alma", "--transport", "bluetooth", "--adapter", "hci0", "--verbose"], withInput: true)
         defer { a.terminate() }
         // alma listens and advertises before bert starts, so neither side's first dial meets a
         // channel nobody listens on yet: the pair gets one ACL link and pairs once (a second
         // pairing between btvirt's controllers is not what real ones do; see the suite's note)
         _ = try await a.waitForStderrLine(containing: "Advertising over Bluetooth", timeout: .seconds(60))
-        let b = try ChildProcess.peerlink(["chat", "--name", "bert", "--transport", "bluetooth", "--adapter", "hci1"], withInput: true)
+        let b = try ChildProcess.peerlink(
+            ["chat", "--name", "bert", "--transport", "bluetooth", "--adapter", "hci1", "--verbose"], withInput: true)
         defer { b.terminate() }
         do {
             // automatic mode's fallback (10 s) and a refused first dial fit in this
