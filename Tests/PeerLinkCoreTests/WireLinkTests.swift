@@ -733,6 +733,26 @@ struct WireLinkHostileTests {
         #expect(pair.listener.bufferedByteCount == 0)
     }
 
+    /// A hostile record: one message chunk just large enough to be kept as a part of it, and
+    /// the rest datagrams. Kept for the rest of its message, the chunk holds all of the record
+    /// alive, and that is what the partial-message limits count.
+    @Test func aSmallChunkInABigRecordCountsAsTheRecord() throws {
+        var pair = Self.establishedPair(.required)
+        let chunk = FramePayload(repeating: 7, count: RecordPin.minimumChunk)
+        var frames: [(frame: Frame, sequence: UInt64?)] = [(.message(id: 1, flags: .more, chunk: chunk), 1)]
+        for _ in 0..<3 { frames.append((.datagram([UInt8](repeating: 1, count: 16_000)), nil)) }
+        let received = pair.listener.receive(try pair.dialer.send(frames, at: .zero).sentBytes, at: .zero).events
+        guard case .sequenced(.message(let id, let flags, let kept), _) = received.first else {
+            Issue.record("no chunk: \(received)")
+            return
+        }
+        let pin = try #require(kept.pin)
+        #expect(pin.size >= RecordPin.minimumChunk + 3 * 16_000)
+        var reassembly = MessageReassembly()
+        #expect(reassembly.add(id: id, flags: flags, chunk: kept) == .incomplete)
+        #expect(reassembly.bufferedBytes == pin.size)
+    }
+
     @Test func bytesAfterGoAwayAreIgnored() throws {
         var pair = Self.establishedPair(.none)
         let goAway = try FrameDecoder.record(.goAway(code: .normal, reason: "bye"))
