@@ -7,7 +7,7 @@
 /// small allocation instead of a copy of its bytes.
 ///
 /// A received chunk of a large message may be a part of the record it arrived in (see
-/// ``RecordPin``): the record's bytes stay alive while the chunk waits for the rest of its
+/// `RecordPin`): the record's bytes stay alive while the chunk waits for the rest of its
 /// message, and the chunk is copied once, into the joined message.
 public struct FramePayload: Hashable, Sendable, ExpressibleByArrayLiteral, CustomStringConvertible {
     private final class Part: Sendable {

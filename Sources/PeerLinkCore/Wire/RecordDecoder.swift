@@ -105,8 +105,8 @@ package struct InputBuffer: Sendable {
     }
 
     /// Consumes `count` bytes; `keepingParts`: parts of them live on elsewhere (sharing the
-    /// storage, ``ownedStorageSize``), so the storage is left to them, not emptied for reuse
-    /// (which would copy it), and the next item gets storage of its own size.
+    /// storage, ``ownedStorageSize``), so the storage is left to them instead of emptied for
+    /// reuse, and the next item gets storage of its own size.
     package mutating func consume(_ count: Int, keepingParts: Bool) {
         let count = max(count, 0)
         expected = 0
@@ -124,7 +124,8 @@ package struct InputBuffer: Sendable {
             }
             start = 0
         } else if keepingParts {
-            // (not in a link: an item is completed in the storage alone) the rest moves out
+            // What follows moves to storage of its own (not in a link, which completes one
+            // item at a time in its storage).
             storage = Array(storage[start...])
             start = 0
         }
