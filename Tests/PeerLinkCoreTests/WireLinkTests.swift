@@ -671,21 +671,28 @@ struct WireLinkHostileTests {
         }
         var wire: [UInt8] = []
         for frame in frames { wire += try pair.dialer.send([frame], at: .zero).sentBytes }
-        var buffer = [UInt8](repeating: 0, count: 50_000)
+        let received = Self.readThroughOneBuffer(wire, into: &pair.listener, readSize: 50_000)
+        #expect(received == frames.map { .sequenced($0.frame, sequence: $0.sequence!) })
+        #expect(pair.listener.bufferedByteCount == 0)
+    }
+
+    /// What `machine` reports for `wire` handed to it as a reader would: `readSize` bytes at a
+    /// time through one buffer, scribbled over after each read as the next read would, and
+    /// expected to stay the same storage (nothing shared it).
+    static func readThroughOneBuffer(_ wire: [UInt8], into machine: inout LinkStateMachine, readSize: Int) -> [LinkOutput] {
+        var buffer = [UInt8](repeating: 0, count: readSize)
         let address = buffer.withUnsafeBufferPointer { $0.baseAddress }
         var received: [LinkOutput] = []
         var offset = 0
         while offset < wire.count {
             let count = min(buffer.count, wire.count - offset)
             buffer.replaceSubrange(0..<count, with: wire[offset..<offset + count])
-            received += pair.listener.receive(buffer[..<count], at: .zero).events
+            received += machine.receive(buffer[..<count], at: .zero).events
             offset += count
-            // Scribbled over as the next read would: still the same storage (nothing shared it).
             buffer.withUnsafeMutableBufferPointer { $0.update(repeating: 0xEE) }
             #expect(buffer.withUnsafeBufferPointer { $0.baseAddress } == address)
         }
-        #expect(received == frames.map { .sequenced($0.frame, sequence: $0.sequence!) })
-        #expect(pair.listener.bufferedByteCount == 0)
+        return received
     }
 
     /// A large message chunk whose record was completed in the machine's own storage (plain: a
@@ -706,18 +713,7 @@ struct WireLinkHostileTests {
         for start in stride(from: 0, to: frames.count, by: 3) {
             wire += try pair.dialer.send(Array(frames[start..<min(start + 3, frames.count)]), at: .zero).sentBytes
         }
-        var buffer = [UInt8](repeating: 0, count: 20_011)
-        let address = buffer.withUnsafeBufferPointer { $0.baseAddress }
-        var received: [LinkOutput] = []
-        var offset = 0
-        while offset < wire.count {
-            let count = min(buffer.count, wire.count - offset)
-            buffer.replaceSubrange(0..<count, with: wire[offset..<offset + count])
-            received += pair.listener.receive(buffer[..<count], at: .zero).events
-            offset += count
-            buffer.withUnsafeMutableBufferPointer { $0.update(repeating: 0xEE) }
-            #expect(buffer.withUnsafeBufferPointer { $0.baseAddress } == address)
-        }
+        let received = Self.readThroughOneBuffer(wire, into: &pair.listener, readSize: 20_011)
         #expect(received == frames.map { .sequenced($0.frame, sequence: $0.sequence!) })
         var parts = 0
         for output in received {
