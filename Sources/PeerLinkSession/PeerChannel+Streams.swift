@@ -330,7 +330,7 @@ extension PeerChannel {
             if slot.wasReset, let failure = slot.failure { throw failure }
             if let chunk = slot.takeChunk() {
                 state.slots[id] = slot
-                if let update = state.streams.consumed(id, count: chunk.count) {
+                if let update = state.streams.consumed(id, count: chunk.count, at: clock.now()) {
                     state.scheduler.enqueue(update)
                     wakeWriter(&state)
                 }

@@ -164,6 +164,82 @@ struct StreamTableTests {
         #expect(throws: WireError.self) { try pair.dialer.receive(.windowUpdate(stream: id, flags: [], credit: 1)) }
     }
 
+    /// Moves `total` bytes from the dialer to the listener in 16 KiB frames as fast as the
+    /// credit allows, the listener's reader taking each frame `perFrame` after the one before;
+    /// returns the credit the listener granted beyond what its reader consumed. Bytes over
+    /// the window would throw.
+    private static func stream(
+        _ pair: inout TablePair, _ id: UInt32, bytes total: Int, perFrame: Duration, from start: inout Duration
+    ) throws -> Int {
+        let frame = 16384
+        var moved = 0
+        var extra = 0
+        while moved < total {
+            let credit = pair.dialer.takeCredit(id, upTo: frame)
+            try #require(credit == frame, "the dialer ran out of credit after \(moved) bytes")
+            _ = try pair.listener.receive(.data(stream: id, flags: [], payload: FramePayload(repeating: 1, count: credit)))
+            start += perFrame
+            if let update = pair.listener.consumed(id, count: credit, at: start) {
+                guard case .windowUpdate(_, _, let granted) = update else { Issue.record("\(update)"); return extra }
+                extra += Int(granted)
+                _ = try pair.dialer.receive(update)
+            }
+            moved += credit
+            extra -= credit
+        }
+        return extra
+    }
+
+    @Test func aFastReadersWindowGrowsToWhatItReadsInTheTargetDelay() throws {
+        var pair = TablePair()
+        let id = try pair.openAccepted()
+        var now = Duration.seconds(1)
+        // 16 KiB every 10 µs: 1.6 GB/s, so 0.75 ms of reading is about 1.2 MB.
+        let grown = try Self.stream(&pair, id, bytes: 64 << 20, perFrame: .microseconds(10), from: &now)
+        let limit = try #require(pair.listener[id]?.receiveLimit)
+        #expect((1_000_000...1_400_000).contains(limit), "\(limit)")
+        // what the grants gave beyond the bytes read is the window's growth, less what is
+        // consumed and not granted yet
+        #expect(grown + (pair.listener[id]?.unacknowledged ?? 0) == limit - Self.window)
+        // The reader slows to 16 KiB a millisecond: the window comes back to the initial one,
+        // and the sender is never given less than it may have in flight.
+        _ = try Self.stream(&pair, id, bytes: 16 << 20, perFrame: .milliseconds(1), from: &now)
+        #expect(pair.listener[id]?.receiveLimit == Self.window)
+    }
+
+    @Test func aSlowReaderOrNoClockKeepsTheInitialWindow() throws {
+        var pair = TablePair()
+        let id = try pair.openAccepted()
+        var now = Duration.zero
+        // 16 KiB a millisecond: 16 MB/s, 12 KB in 0.75 ms.
+        #expect(try Self.stream(&pair, id, bytes: 8 << 20, perFrame: .milliseconds(1), from: &now) <= 0)
+        #expect(pair.listener[id]?.receiveLimit == Self.window)
+        var fixed = TablePair(
+            dialer: StreamTable(role: .dialer), listener: StreamTable(role: .listener, tuning: .fixed))
+        let other = try fixed.openAccepted()
+        _ = try Self.stream(&fixed, other, bytes: 8 << 20, perFrame: .nanoseconds(1), from: &now)
+        #expect(fixed.listener[other]?.receiveLimit == Self.window)
+    }
+
+    @Test func growthIsBoundedPerStreamAndForAllStreams() throws {
+        let tuning = StreamTable.WindowTuning(targetDelay: .milliseconds(1), maximumWindow: 1 << 20, maximumGrowth: 1 << 20)
+        var pair = TablePair(dialer: StreamTable(role: .dialer), listener: StreamTable(role: .listener, tuning: tuning))
+        let first = try pair.openAccepted("a")
+        let second = try pair.openAccepted("b")
+        var now = Duration.zero
+        // Reading without any time passing: as fast as can be.
+        _ = try Self.stream(&pair, first, bytes: 32 << 20, perFrame: .zero, from: &now)
+        #expect(pair.listener[first]?.receiveLimit == 1 << 20)
+        // The first stream's window grew by 768 KiB of the 1 MiB allowed: the second's grows by
+        // the 256 KiB left.
+        _ = try Self.stream(&pair, second, bytes: 32 << 20, perFrame: .zero, from: &now)
+        #expect(pair.listener[second]?.receiveLimit == 2 * Self.window)
+        // Once the first is gone, its growth is free for the second.
+        _ = pair.listener.reset(first, reason: "done")
+        _ = try Self.stream(&pair, second, bytes: 32 << 20, perFrame: .zero, from: &now)
+        #expect(pair.listener[second]?.receiveLimit == 1 << 20)
+    }
+
     @Test func noUpdatesAfterThePeerFinished() throws {
         var pair = TablePair()
         let id = try pair.openAccepted()

@@ -10,7 +10,7 @@
 /// let (id, syn) = try table.open(name: "photo.jpg")      // send syn
 /// let credit = table.takeCredit(id, upTo: chunk.count)    // send that many bytes as DATA
 /// let outcome = try table.receive(frame)                  // events, and frames to send
-/// if let update = table.consumed(id, count: n) { … }      // a WINDOW_UPDATE, now and then
+/// if let update = table.consumed(id, count: n, at: now) { … }  // a WINDOW_UPDATE, now and then
 /// ```
 ///
 /// The rules (the *Wire Format* article has them in full):
@@ -19,7 +19,10 @@
 ///   UTF-8) as its payload; the name does not count against the window. The other side accepts
 ///   with a `WINDOW_UPDATE` carrying `ACK` (credit 0), or refuses with `RST`.
 /// - Each direction starts with ``WireFormat/initialStreamWindow`` of credit. The receiver grants
-///   what its reader consumed once that is at least half the initial window.
+///   what its reader consumed once that is at least half the stream's window.
+/// - The receiver sizes each stream's window to what its reader takes in
+///   ``WindowTuning/targetDelay`` (see ``WindowTuning``): a fast reader's window grows (credit
+///   beyond what it consumed), never below the initial window; the peer only sees credit.
 /// - `FIN` ends one direction; a stream is gone once both directions ended, or after `RST`
 ///   (a `DATA` frame whose payload is the reason).
 /// - Protocol errors (thrown as ``WireError``, code 1): bytes over the window, bytes after `FIN`,
@@ -41,6 +44,14 @@ public struct StreamTable: Sendable {
         public internal(set) var receiveWindow: Int
         /// Bytes the reader consumed that were not granted back yet.
         public internal(set) var unacknowledged = 0
+        /// The stream's receive window: what the peer may have sent and the reader not consumed
+        /// yet, once every consumed byte is granted back. The initial window until
+        /// ``WindowTuning`` sizes it to the reader's pace.
+        public internal(set) var receiveLimit: Int
+        /// When the reader's pace is measured from (nil: not yet, or granted without a time),
+        /// and what it consumed since, counted at each grant.
+        var paceStart: Duration?
+        var paceBytes = 0
         /// This side sent `FIN`.
         public internal(set) var localFinished = false
         /// The peer sent `FIN`.
@@ -74,9 +85,45 @@ public struct StreamTable: Sendable {
         }
     }
 
+    /// How the receive windows follow their readers' pace.
+    ///
+    /// A stream's bytes in flight are bounded by its window, and so is its throughput: at most a
+    /// window per turn of the credit loop (the peer sends, this side reads, the credit goes
+    /// back). A bigger window lets more through, and makes anything sent behind the stream's
+    /// bytes on the same link (a message, a ping) wait longer: about the window over the rate
+    /// at which the receiving side drains it. So once a stream's reader has consumed a whole
+    /// window since the last look, the receiver takes its pace over that span and sizes the
+    /// window to what the reader takes in ``targetDelay`` — between the initial window and
+    /// ``maximumWindow``, growing at most twofold at a time and shrinking by at most half the
+    /// credit due (the difference rides on the grant). A slow reader (a Bluetooth link, an app
+    /// that reads now and then) keeps the initial window, and so does a table given no times.
+    public struct WindowTuning: Hashable, Sendable {
+        /// What the window should take to drain at the reader's measured pace. 0: windows stay at
+        /// the initial size.
+        public var targetDelay: Duration
+        /// The largest receive window a stream reaches.
+        public var maximumWindow: Int
+        /// The most bytes all streams' windows together may grow past the initial window: what
+        /// fast readers can make a table's peer hold in flight beyond the initial windows.
+        public var maximumGrowth: Int
+
+        public init(targetDelay: Duration, maximumWindow: Int, maximumGrowth: Int) {
+            self.targetDelay = targetDelay
+            self.maximumWindow = maximumWindow
+            self.maximumGrowth = maximumGrowth
+        }
+
+        /// A window of 0.75 ms of reading, up to 4 MiB a stream and 16 MiB of growth for all.
+        public static let `default` = WindowTuning(
+            targetDelay: .microseconds(750), maximumWindow: 4 * 1024 * 1024, maximumGrowth: 16 * 1024 * 1024)
+        /// Windows stay at the initial size.
+        public static let fixed = WindowTuning(targetDelay: .zero, maximumWindow: 0, maximumGrowth: 0)
+    }
+
     public let role: LinkStateMachine.Role
     public let initialWindow: Int
     public let maxStreams: Int
+    public let tuning: WindowTuning
     public private(set) var entries: [UInt32: Entry] = [:]
     private var nextLocalID: UInt32
     /// The highest id the peer opened so far (0: none yet).
@@ -86,13 +133,15 @@ public struct StreamTable: Sendable {
     ///   - role: which side of the link this is (decides the parity of its ids).
     ///   - initialWindow: the window every stream starts with in each direction.
     ///   - maxStreams: how many streams each side may have open at once.
+    ///   - tuning: how receive windows follow their readers (``WindowTuning``).
     public init(
         role: LinkStateMachine.Role, initialWindow: Int = WireFormat.initialStreamWindow,
-        maxStreams: Int = WireFormat.maxStreamsPerLink
+        maxStreams: Int = WireFormat.maxStreamsPerLink, tuning: WindowTuning = .default
     ) {
         self.role = role
         self.initialWindow = max(1, initialWindow)
         self.maxStreams = max(1, maxStreams)
+        self.tuning = tuning
         nextLocalID = role == .dialer ? 1 : 2
     }
 
@@ -128,7 +177,8 @@ public struct StreamTable: Sendable {
         let id = nextLocalID
         nextLocalID += 2
         entries[id] = Entry(
-            name: name, isOutgoing: true, isAccepted: false, sendWindow: initialWindow, receiveWindow: initialWindow)
+            name: name, isOutgoing: true, isAccepted: false, sendWindow: initialWindow, receiveWindow: initialWindow,
+            receiveLimit: initialWindow)
         return (id, .data(stream: id, flags: .syn, payload: FramePayload(bytes)))
     }
 
@@ -142,19 +192,58 @@ public struct StreamTable: Sendable {
         return granted
     }
 
-    /// The reader consumed `count` bytes of the stream: a `WINDOW_UPDATE` granting them back
-    /// once at least half the initial window is waiting to be granted, else nil.
-    public mutating func consumed(_ id: UInt32, count: Int) -> Frame? {
+    /// The reader consumed `count` bytes of the stream, at `now` (nil: no time, so the window
+    /// keeps its size): a `WINDOW_UPDATE` once at least half the stream's window is waiting to
+    /// be granted, else nil. The credit is what was consumed, adjusted by the window's change
+    /// (``WindowTuning``).
+    public mutating func consumed(_ id: UInt32, count: Int, at now: Duration? = nil) -> Frame? {
         guard var entry = entries[id], count > 0 else { return nil }
         entry.unacknowledged += count
         var update: Frame?
-        if !entry.remoteFinished, entry.unacknowledged >= initialWindow / 2 {
-            update = .windowUpdate(stream: id, flags: [], credit: UInt32(clamping: entry.unacknowledged))
-            entry.receiveWindow += entry.unacknowledged
+        if !entry.remoteFinished, entry.unacknowledged >= entry.receiveLimit / 2 {
+            var credit = entry.unacknowledged
+            if let now {
+                // The pace over a whole window's worth of reading: over one grant's, reads of
+                // what piled up and waits for what is on its way alternate.
+                if let start = entry.paceStart {
+                    entry.paceBytes += entry.unacknowledged
+                    if entry.paceBytes >= entry.receiveLimit {
+                        let limit = tunedLimit(of: id, entry, consumed: entry.paceBytes, over: now - start, due: credit)
+                        credit += limit - entry.receiveLimit
+                        entry.receiveLimit = limit
+                        entry.paceStart = now
+                        entry.paceBytes = 0
+                    }
+                } else {
+                    entry.paceStart = now
+                }
+            }
+            update = .windowUpdate(stream: id, flags: [], credit: UInt32(clamping: credit))
+            entry.receiveWindow += credit
             entry.unacknowledged = 0
         }
         entries[id] = entry
         return update
+    }
+
+    /// The window for `entry` after its reader consumed `consumed` bytes in `elapsed`: what the
+    /// reader takes in the target delay at that pace, within the bounds ``WindowTuning`` sets
+    /// (`due`: the credit this grant gives back before the change).
+    private func tunedLimit(of id: UInt32, _ entry: Entry, consumed: Int, over elapsed: Duration, due: Int) -> Int {
+        let current = entry.receiveLimit
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
+        let delay = Double(tuning.targetDelay.components.seconds) + Double(tuning.targetDelay.components.attoseconds) * 1e-18
+        var target = current * 2
+        if seconds > 0 {
+            let paced = Double(consumed) / seconds * delay
+            if paced < Double(target) { target = Int(paced) }
+        }
+        target = min(target, tuning.maximumWindow)
+        // the growth the other streams hold (this one's own is given back first)
+        let others = entries.reduce(0) { sum, item in item.key == id ? sum : sum + max(0, item.value.receiveLimit - initialWindow) }
+        target = min(target, initialWindow + max(0, tuning.maximumGrowth - others))
+        // never below the initial window; shrinking keeps at least half the credit due
+        return max(target, initialWindow, current - due / 2)
     }
 
     /// Ends this side's direction: the `FIN` frame to send (after every byte sent before).
@@ -292,7 +381,9 @@ public struct StreamTable: Sendable {
                 Self.resetFrame(id, reason: "too many streams: at most \(maxStreams) may be open at once on one link"))
             return
         }
-        entries[id] = Entry(name: name, isOutgoing: false, isAccepted: true, sendWindow: initialWindow, receiveWindow: initialWindow)
+        entries[id] = Entry(
+            name: name, isOutgoing: false, isAccepted: true, sendWindow: initialWindow, receiveWindow: initialWindow,
+            receiveLimit: initialWindow)
         outcome.frames.append(.windowUpdate(stream: id, flags: .ack, credit: 0))
         outcome.events.append(.opened(id: id, name: name))
         if flags.contains(.fin) {
