@@ -92,10 +92,10 @@ public struct StreamTable: Sendable {
     /// back). A bigger window lets more through, and makes anything sent behind the stream's
     /// bytes on the same link (a message, a ping) wait longer: about the window over the rate
     /// at which the receiving side drains it. So once a stream's reader has consumed a whole
-    /// window since the last look, the receiver takes its pace over that span and sizes the
-    /// window to what the reader takes in ``targetDelay`` — between the initial window and
-    /// ``maximumWindow``, growing at most twofold at a time and shrinking by at most half the
-    /// credit due (the difference rides on the grant). A slow reader (a Bluetooth link, an app
+    /// window since the last look (or eight times ``targetDelay`` passed), the receiver takes its
+    /// pace over that span and sizes the window to what the reader takes in ``targetDelay`` —
+    /// between the initial window and ``maximumWindow``, growing at most twofold at a time and
+    /// shrinking by at most half the credit due (the difference rides on the grant). A slow reader (a Bluetooth link, an app
     /// that reads now and then) keeps the initial window, and so does a table given no times.
     public struct WindowTuning: Hashable, Sendable {
         /// What the window should take to drain at the reader's measured pace. 0: windows stay at
@@ -203,11 +203,13 @@ public struct StreamTable: Sendable {
         if !entry.remoteFinished, entry.unacknowledged >= entry.receiveLimit / 2 {
             var credit = entry.unacknowledged
             if let now {
-                // The pace over a whole window's worth of reading: over one grant's, reads of
-                // what piled up and waits for what is on its way alternate.
+                // The pace over a whole window's worth of reading (over one grant's, reads of
+                // what piled up and waits for what is on its way alternate), or over what was
+                // read in the time a window should take eight times over: a reader that slowed
+                // (the pair moved to a slower link) gets its window back down within grants.
                 if let start = entry.paceStart {
                     entry.paceBytes += entry.unacknowledged
-                    if entry.paceBytes >= entry.receiveLimit {
+                    if entry.paceBytes >= entry.receiveLimit || now - start >= tuning.targetDelay * 8 {
                         let limit = tunedLimit(of: id, entry, consumed: entry.paceBytes, over: now - start, due: credit)
                         credit += limit - entry.receiveLimit
                         entry.receiveLimit = limit
