@@ -180,13 +180,22 @@ enum Catalog {
     static let streams = FuzzTarget(
         name: "streams", summary: "stream frames into a link's stream table (StreamTable.receive)",
         run: { bytes in
-            var table = StreamTable(role: .listener, initialWindow: 4096, maxStreams: 8)
+            let tuning = StreamTable.WindowTuning(targetDelay: .microseconds(750), maximumWindow: 16384, maximumGrowth: 16384)
+            var table = StreamTable(role: .listener, initialWindow: 4096, maxStreams: 8, tuning: tuning)
             var decoder = FrameDecoder()
+            var now = Duration.zero
             for result in decoder.decode(bytes) {
                 guard case .success(let frame) = result else { return }
                 guard let outcome = try? table.receive(frame) else { return }
-                _ = outcome
                 check(table.openCounts.incoming <= 8, "more streams open than allowed")
+                // The reader takes what arrived, at a pace the input's byte counts decide.
+                for case .data(let id, let bytes) in outcome.events {
+                    now += .microseconds(bytes.count % 97)
+                    _ = table.consumed(id, count: bytes.count, at: now)
+                }
+                let growth = table.entries.values.reduce(0) { $0 + $1.receiveLimit - 4096 }
+                check(table.entries.values.allSatisfy { (4096...16384).contains($0.receiveLimit) }, "a window outside its bounds")
+                check(growth <= 16384, "windows grown past the growth allowed")
             }
         },
         seeds: {
