@@ -95,8 +95,9 @@ public struct StreamTable: Sendable {
     /// window since the last look (or eight times ``targetDelay`` passed), the receiver takes its
     /// pace over that span and sizes the window to what the reader takes in ``targetDelay`` —
     /// between the initial window and ``maximumWindow``, growing at most twofold at a time and
-    /// shrinking by at most half the credit due (the difference rides on the grant). A slow reader (a Bluetooth link, an app
-    /// that reads now and then) keeps the initial window, and so does a table given no times.
+    /// shrinking by at most half the credit due (the difference rides on the grant). A slow
+    /// reader (a Bluetooth link, an app that reads now and then) keeps the initial window, and so
+    /// does a table given no times.
     public struct WindowTuning: Hashable, Sendable {
         /// What the window should take to drain at the reader's measured pace. 0: windows stay at
         /// the initial size.
