@@ -234,11 +234,9 @@ public struct StreamTable: Sendable {
     /// (`due`: the credit this grant gives back before the change).
     private func tunedLimit(of id: UInt32, _ entry: Entry, consumed: Int, over elapsed: Duration, due: Int) -> Int {
         let current = entry.receiveLimit
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
-        let delay = Double(tuning.targetDelay.components.seconds) + Double(tuning.targetDelay.components.attoseconds) * 1e-18
         var target = current * 2
-        if seconds > 0 {
-            let paced = Double(consumed) / seconds * delay
+        if elapsed > .zero {
+            let paced = Double(consumed) * (tuning.targetDelay / elapsed)
             if paced < Double(target) { target = Int(paced) }
         }
         target = min(target, tuning.maximumWindow)
