@@ -143,6 +143,15 @@ final class BluetoothVisibility: @unchecked Sendable {
             return entry
         }
         guard let last else { return }
+        // On the queue that reasserts: a reassertion already under way (its call to bluetoothd
+        // on this connection) ends before the connection is closed; closing it under a call in
+        // flight on another thread crashed libdbus. Later ones find no entry and do nothing.
+        queue.sync { restore(adapter, last) }
+    }
+
+    /// Turns `adapter`'s `Discoverable` back off when a hold turned it on, and closes the
+    /// connection of the last hold (on ``queue``).
+    private func restore(_ adapter: String, _ last: Entry) {
         if let subscription = last.subscription { last.connection.unsubscribe(subscription) }
         if last.turnedOn {
             do {
