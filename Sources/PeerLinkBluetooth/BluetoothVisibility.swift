@@ -71,7 +71,9 @@ final class BluetoothVisibility: @unchecked Sendable {
 
     private let lock = NSLock()
     private var entries: [String: Entry] = [:]
-    /// Calls bluetoothd off the D-Bus dispatch thread (its signal handlers must return at once).
+    /// Calls bluetoothd off the D-Bus dispatch thread (its signal handlers must return at once),
+    /// and runs the last release's restore, so no reassertion is in flight when it closes the
+    /// connection.
     private let queue = DispatchQueue(label: "peerlink.bluetooth.visibility")
     private let logger = Logger(label: "peerlink.bluetooth")
 
