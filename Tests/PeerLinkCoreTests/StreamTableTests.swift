@@ -208,7 +208,7 @@ struct StreamTableTests {
         #expect(pair.listener[id]?.receiveLimit == Self.window)
     }
 
-    @Test func aSlowReaderOrNoClockKeepsTheInitialWindow() throws {
+    @Test func aSlowReaderOrFixedTuningKeepsTheInitialWindow() throws {
         var pair = TablePair()
         let id = try pair.openAccepted()
         var now = Duration.zero
