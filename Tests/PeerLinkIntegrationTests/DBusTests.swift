@@ -59,6 +59,29 @@ struct DBusTests {
         }
     }
 
+    /// libdbus hands a call's handler its object before an `unexport` on another thread takes
+    /// the path away, so the object (and what its handler holds) must outlive the unexport
+    /// until the dispatch thread is stopped: it goes when the connection closes.
+    @Test func anUnexportedObjectLivesUntilTheConnectionCloses() async throws {
+        final class Held: Sendable {}
+        let bus = try await PrivateBus()
+        _ = bus
+        let server = try DBusConnection.open(address: bus.address)
+        defer { server.close() }
+        var held: Held? = Held()
+        weak let watched = held
+        try server.export(path: "/org/peerlink/test") { [held] _ in
+            _ = held
+            return .success([])
+        }
+        held = nil
+        #expect(watched != nil)
+        server.unexport(path: "/org/peerlink/test")
+        #expect(watched != nil, "released while the dispatch thread could still be running its handler")
+        server.close()
+        #expect(watched == nil, "still held after the connection closed")
+    }
+
     @Test func signalsReachMatchingSubscribersOnly() async throws {
         let bus = try await PrivateBus()
         _ = bus

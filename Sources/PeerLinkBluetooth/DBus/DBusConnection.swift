@@ -72,6 +72,11 @@ final class DBusConnection: @unchecked Sendable {
     private let lock = NSLock()
     private var subscriptions: [Int: Subscription] = [:]
     private var exported: [String: ExportedObject] = [:]
+    /// Objects unexported while the dispatch thread may still run their handler: released once
+    /// it stopped (``close()``, or `deinit` when the last handler closed the connection).
+    private var retired: [ExportedObject] = []
+    /// The dispatch thread will run no handler any more: unexported objects go at once.
+    private var handlersOver = false
     private var nextToken = 0
     private var thread: Thread?
     private var stopping = false
@@ -166,6 +171,7 @@ final class DBusConnection: @unchecked Sendable {
 
     deinit {
         close()
+        releaseRetired()
         dbus_connection_remove_filter(connection, signalFilter, Unmanaged.passUnretained(self).toOpaque())
         dbus_connection_unref(connection)
     }
@@ -183,6 +189,17 @@ final class DBusConnection: @unchecked Sendable {
         if wasClosed { return }
         if running && !onDispatchThread { stopped.wait() }
         dbus_connection_close(connection)
+        // A handler that closed the connection is still running: deinit releases them then.
+        if !onDispatchThread { releaseRetired() }
+    }
+
+    private func releaseRetired() {
+        let objects = lock.withLock { () -> [ExportedObject] in
+            handlersOver = true
+            defer { retired = [] }
+            return retired
+        }
+        for object in objects { Unmanaged.passUnretained(object).release() }
     }
 
     // MARK: Method calls
@@ -305,10 +322,18 @@ final class DBusConnection: @unchecked Sendable {
         startDispatching()
     }
 
+    /// Stops answering calls to `path`. The handler may still be running on the dispatch thread
+    /// (libdbus hands it the object before this unregisters it): the object is kept until
+    /// ``close()`` has stopped that thread.
     func unexport(path: String) {
         guard let object = lock.withLock({ exported.removeValue(forKey: path) }) else { return }
         dbus_connection_unregister_object_path(connection, path)
-        Unmanaged.passUnretained(object).release()
+        let releaseNow = lock.withLock { () -> Bool in
+            if handlersOver { return true }
+            retired.append(object)
+            return false
+        }
+        if releaseNow { Unmanaged.passUnretained(object).release() }
     }
 
     // MARK: Dispatch thread
