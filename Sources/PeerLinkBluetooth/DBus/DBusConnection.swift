@@ -326,14 +326,14 @@ final class DBusConnection: @unchecked Sendable {
     /// (libdbus hands it the object before this unregisters it): the object is kept until
     /// ``close()`` has stopped that thread.
     func unexport(path: String) {
-        guard let object = lock.withLock({ exported.removeValue(forKey: path) }) else { return }
-        dbus_connection_unregister_object_path(connection, path)
-        let releaseNow = lock.withLock { () -> Bool in
-            if handlersOver { return true }
-            retired.append(object)
-            return false
+        let taken = lock.withLock { () -> (object: ExportedObject, releaseNow: Bool)? in
+            guard let object = exported.removeValue(forKey: path) else { return nil }
+            if !handlersOver { retired.append(object) }
+            return (object, handlersOver)
         }
-        if releaseNow { Unmanaged.passUnretained(object).release() }
+        guard let taken else { return }
+        dbus_connection_unregister_object_path(connection, path)
+        if taken.releaseNow { Unmanaged.passUnretained(taken.object).release() }
     }
 
     // MARK: Dispatch thread
