@@ -47,6 +47,31 @@ struct SessionAutomaticTests {
         #expect(net.connected(0) == [1] && net.connected(1) == [0])
     }
 
+    /// A peer that stays unreachable (an address given by hand that is down, a peer whose
+    /// record outlived it) is invited less and less often: the wait doubles after each failure,
+    /// up to the invitation timeout, and it connects within that once it is back.
+    @Test func repeatedFailuresBackOff() throws {
+        var net = try SessionNet(["ann", "bob"], policy: Self.automatic, seed: 5)
+        net.failingDials = [[0, 1], [1, 0]]
+        net.discoverEveryone()
+        net.run()
+        net.advance(by: .seconds(120), tickEvery: .milliseconds(250))
+        net.run()
+        // Every 2 s that would be about 60 dials each way; doubling to 30 s is 2+4+8+16+30+30+30.
+        let fromAnn = net.dials.filter { $0 == [0, 1] }.count
+        let fromBob = net.dials.filter { $0 == [1, 0] }.count
+        #expect((1...10).contains(fromAnn), "ann dialled bob \(fromAnn) times in 120 s")
+        #expect(fromBob <= 10, "bob dialled ann \(fromBob) times in 120 s")
+        #expect(net.connected(0).isEmpty)
+        net.failingDials = []
+        net.advance(by: Self.automatic.invitationTimeout + .seconds(1), tickEvery: .milliseconds(250))
+        net.run()
+        #expect(net.connected(0) == [1] && net.connected(1) == [0])
+        #expect(SessionPolicy.automaticRetryDelay(afterFailures: 1, invitationTimeout: .seconds(30)) == .seconds(2))
+        #expect(SessionPolicy.automaticRetryDelay(afterFailures: 3, invitationTimeout: .seconds(30)) == .seconds(8))
+        #expect(SessionPolicy.automaticRetryDelay(afterFailures: 100, invitationTimeout: .seconds(30)) == .seconds(30))
+    }
+
     /// The smaller peer of a pair invites, but when its dials never get through (a firewall one
     /// way, a Bluetooth device that refuses its pairing), the greater one invites it after
     /// ``SessionPolicy/automaticFallback`` — and not before.

@@ -39,6 +39,9 @@ struct PeerRecord: Sendable {
     var autoBlocked = false
     /// Automatic mode invites it again no earlier than this (after a failed invitation).
     var autoRetryAt: Duration?
+    /// Automatic invitations in a row that never reached it (a dial that failed, a link that
+    /// broke): each doubles the wait before the next (``SessionPolicy/automaticRetryDelay(afterFailures:invitationTimeout:)``).
+    var autoFailures = 0
     /// When discovery last found it (was not found before); automatic mode's fallback counts
     /// from here for a peer that should have invited the local one.
     var foundAt: Duration?

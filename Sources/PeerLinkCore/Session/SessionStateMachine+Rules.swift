@@ -161,7 +161,9 @@ extension SessionStateMachine {
                 case .failed:
                     // The invitation never reached the peer (a dial that failed, a link that
                     // broke): try again soon, as a peer that is just starting may not listen yet.
-                    record.autoRetryAt = now + min(policy.invitationTimeout, SessionPolicy.automaticRetryAfterFailure)
+                    record.autoFailures += 1
+                    record.autoRetryAt =
+                        now + SessionPolicy.automaticRetryDelay(afterFailures: record.autoFailures, invitationTimeout: policy.invitationTimeout)
                 default:
                     // The peer said no, or did not answer: leave it alone for a while.
                     record.autoRetryAt = now + policy.invitationTimeout
@@ -184,6 +186,7 @@ extension SessionStateMachine {
         record.pendingJoin = nil
         record.lostReason = nil
         record.autoRetryAt = nil
+        record.autoFailures = 0
         peers[fingerprint] = record
         if let pending { replyToJoin(from: fingerprint, on: pending.link) }
         if let own = record.outgoingInvitation { resolveOutgoing(own, .accepted) }

@@ -545,6 +545,7 @@ public struct SessionStateMachine: Sendable {
             record.foundAt = nil
             record.autoBlocked = false
             record.autoRetryAt = nil
+            record.autoFailures = 0
             peers[peer.fingerprint] = record
         }
         settle()

@@ -138,6 +138,15 @@ public struct SessionPolicy: Hashable, Sendable {
     /// How soon automatic mode invites a peer again after an invitation that never reached it.
     public static let automaticRetryAfterFailure: Duration = .seconds(2)
 
+    /// The wait before automatic mode invites a peer again after `failures` invitations in a
+    /// row that never reached it: ``automaticRetryAfterFailure``, doubled for each failure after
+    /// the first, at most `invitationTimeout` (a peer given by an address that stays down is not
+    /// dialled every two seconds for as long as the session runs).
+    public static func automaticRetryDelay(afterFailures failures: Int, invitationTimeout: Duration) -> Duration {
+        let doublings = min(max(failures - 1, 0), 16)
+        return min(invitationTimeout, automaticRetryAfterFailure * (1 << doublings))
+    }
+
     /// - Throws: a ``PeerLinkError`` (`invalidParameter`) naming the value that is out of range.
     public func validate() throws(PeerLinkError) {
         guard (2...Self.largestSession).contains(maximumPeers) else {
