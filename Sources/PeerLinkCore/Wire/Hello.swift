@@ -123,9 +123,10 @@ public struct Hello: Hashable, Sendable {
             case .incarnation:
                 guard incarnation == nil else { throw .malformed("the hello has two incarnations") }
                 var field = WireReader(value)
-                guard length == 8, let number = field.uint64(), number != 0 else {
-                    throw .malformed("the hello's incarnation is \(length) bytes, not 8 (or it is 0)")
+                guard length == 8, let number = field.uint64() else {
+                    throw .malformed("the hello's incarnation is \(length) bytes, not 8")
                 }
+                guard number != 0 else { throw .malformed("the hello's incarnation is 0, which no run of a session draws") }
                 incarnation = Incarnation(number)
             case nil:
                 continue  // a field a later version added

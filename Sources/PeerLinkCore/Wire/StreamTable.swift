@@ -14,7 +14,10 @@
 /// ```
 ///
 /// The rules (the *Wire Format* article has them in full):
-/// - The dialer opens odd ids (1, 3, …), the listener even ones (2, 4, …), each side counting up.
+/// - The side in ``LinkStateMachine/Role/dialer``'s role opens odd ids (1, 3, …), the other even
+///   ones (2, 4, …), each side counting up. A session gives the dialer's role to the peer whose
+///   fingerprint sorts first, whichever side dialled the link, so the ids stay the same on every
+///   link between two peers.
 /// - A stream opens with a `DATA` frame carrying `SYN` and the stream's name (1–255 bytes of
 ///   UTF-8) as its payload; the name does not count against the window. The other side accepts
 ///   with a `WINDOW_UPDATE` carrying `ACK` (credit 0), or refuses with `RST`.
@@ -131,7 +134,8 @@ public struct StreamTable: Sendable {
     private var lastRemoteID: UInt32 = 0
 
     /// - Parameters:
-    ///   - role: which side of the link this is (decides the parity of its ids).
+    ///   - role: `.dialer` opens odd ids, `.listener` even ones (a session passes `.dialer` to the
+    ///     peer whose fingerprint sorts first).
     ///   - initialWindow: the window every stream starts with in each direction.
     ///   - maxStreams: how many streams each side may have open at once.
     ///   - tuning: how receive windows follow their readers (``WindowTuning``).
@@ -366,7 +370,7 @@ public struct StreamTable: Sendable {
         guard id % 2 == peerParity else {
             throw WireError(
                 .protocolError,
-                "a SYN for stream \(id): the \(role == .dialer ? "listener opens even" : "dialer opens odd") stream ids")
+                "a SYN for stream \(id): the peer opens \(role == .dialer ? "even" : "odd") stream ids (its fingerprint sorts \(role == .dialer ? "after" : "before") this side's)")
         }
         guard id > lastRemoteID else {
             throw WireError(.protocolError, "a SYN for stream \(id), not above the last stream the peer opened (\(lastRemoteID))")
