@@ -26,7 +26,10 @@ struct Chat: AsyncParsableCommand {
             is one peer, reached on its best transport (--prefer, default tcp,l2cap,rfcomm); a \
             transport that cannot run here is one line on standard error and the others go on. \
             With Bluetooth, chat listens on RFCOMM and L2CAP on one adapter (--adapter, default the \
-            first that is up); --connect reaches a peer at an endpoint, whoever it is.
+            first that is up); --connect reaches a peer at an endpoint, whoever it is. When no \
+            transport can advertise (no avahi-daemon, no Bluetooth), chat stops with exit 69 unless \
+            --connect gives it a peer to reach: then it listens on the port it prints ("Listening \
+            on ...") and others can --connect to it.
 
             When standard input or output is not a terminal, chat is scriptable: one line in is one \
             message (lines read before anybody is connected wait for the first peer, up to --wait \
@@ -198,6 +201,7 @@ struct Chat: AsyncParsableCommand {
         let (signals, signalSink) = AsyncStream.makeStream(of: Int32.self)
         Task.detached { signalSink.yield(await waitForTerminationSignal()) }
 
+        let failures = RecentFailures()
         let outcome: Int32 = await withTaskGroup(of: Int32?.self) { group in
             group.addTask {
                 await node.run()
@@ -213,7 +217,7 @@ struct Chat: AsyncParsableCommand {
             }
             // Everything that happens, printed in one place.
             group.addTask {
-                let printer = ChatEvents(console: console, session: session, acceptAll: acceptEverything)
+                let printer = ChatEvents(console: console, session: session, acceptAll: acceptEverything, failures: failures)
                 for await event in node.events { await printer.show(event) }
                 return nil
             }
@@ -231,7 +235,7 @@ struct Chat: AsyncParsableCommand {
             }
             // --connect ENDPOINT: reach that peer, whoever it is.
             if let target {
-                group.addTask { await Self.connect(target, node: node, console: console) }
+                group.addTask { await Self.connect(target, node: node, console: console, failures: failures) }
             }
             // Input: lines to send, commands.
             group.addTask {
@@ -243,19 +247,30 @@ struct Chat: AsyncParsableCommand {
     }
 
     /// `--connect`: connects to the endpoint once the node runs; returns an exit status when
-    /// that failed (nil: connected).
-    static func connect(_ endpoint: Endpoint, node: PeerNode, console: ChatConsole) async -> Int32? {
+    /// that failed and nobody else is connected either (nil: connected, or chatting with peers
+    /// that came another way, which a failed `--connect` does not end).
+    static func connect(_ endpoint: Endpoint, node: PeerNode, console: ChatConsole, failures: RecentFailures) async -> Int32? {
+        let status: Int32
         do {
             let peer = try await node.connect(to: endpoint)
             console.status("connected to \(peer.displayName) (id \(peer.fingerprint.grouped)) at \(endpoint)")
             return nil
         } catch let error as PeerLinkError {
-            console.warning("peerlink: cannot connect to \(endpoint): \(error.message)")
-            return error.code == .invalidParameter ? ExitStatus.usage : ExitStatus.code(for: error)
+            // The link's failure may have been told already (the session's event): then only
+            // what it means here.
+            console.warning(
+                failures.first(error.message)
+                    ? "peerlink: cannot connect to \(endpoint): \(error.message)" : "peerlink: cannot connect to \(endpoint) (see above)")
+            status = error.code == .invalidParameter ? ExitStatus.usage : ExitStatus.code(for: error)
         } catch {
             console.warning("peerlink: cannot connect to \(endpoint): \(error)")
-            return ExitStatus.failure
+            status = ExitStatus.failure
         }
+        if status != ExitStatus.usage, await !node.connectedPeerStatuses().isEmpty {
+            console.status("going on with the peers connected")
+            return nil
+        }
+        return status
     }
 
     /// Reads lines until /quit or end of input; returns the exit status.
@@ -293,7 +308,9 @@ struct Chat: AsyncParsableCommand {
         if !pending.isEmpty {
             await flush(&pending, session: session, waitLimit: waitLimit)
             if !pending.isEmpty {
-                console.warning("peerlink: nobody joined within \(waitLimit); \(pending.count) message\(pending.count == 1 ? "" : "s") not sent")
+                console.warning(
+                    "peerlink: no peer was connected within \(waitLimit) of the end of input; \(pending.count) message\(pending.count == 1 ? "" : "s") not sent"
+                )
                 return 1
             }
         }
@@ -348,11 +365,13 @@ final class ChatEvents: @unchecked Sendable {
     /// Peers shown as joined (and not since as left).
     private var present: Set<PeerID> = []
     private let told = ToldProblems()
+    private let failures: RecentFailures
 
-    init(console: ChatConsole, session: PeerSession, acceptAll: Bool) {
+    init(console: ChatConsole, session: PeerSession, acceptAll: Bool, failures: RecentFailures = RecentFailures()) {
         self.console = console
         self.session = session
         self.acceptAll = acceptAll
+        self.failures = failures
     }
 
     /// `/peers`: `  NAME  ID  KIND REMOTE  encrypted  code 123 456  reachable on tcp, l2cap, rfcomm`:
@@ -415,7 +434,7 @@ final class ChatEvents: @unchecked Sendable {
             // The link moved (failover, upgrade, reconnect); the peer never left.
             if present.contains(id) { console.event("* \(id.displayName) now on \(transport)") }
         case .linkFailed(_, let reason):
-            console.warning("peerlink: \(reason)")
+            if failures.first(reason) { console.warning("peerlink: \(reason)") }
         }
     }
 

@@ -84,6 +84,25 @@ final class ToldProblems: @unchecked Sendable {
     }
 }
 
+/// Remembers the link failures told in the last seconds: a failed `--connect` is reported by the
+/// call that failed and by the session's event for the same link; one line says it.
+final class RecentFailures: @unchecked Sendable {
+    private let lock = NSLock()
+    private var told: [(reason: String, at: ContinuousClock.Instant)] = []
+    static let window: Duration = .seconds(2)
+
+    /// True unless `reason` was told within the last ``window``.
+    func first(_ reason: String) -> Bool {
+        let now = ContinuousClock.now
+        return lock.withLock {
+            told.removeAll { now - $0.at > Self.window }
+            guard !told.contains(where: { $0.reason == reason }) else { return false }
+            told.append((reason, now))
+            return true
+        }
+    }
+}
+
 extension TransportOptions {
     /// The node `send` and `receive` run: automatic mode, on the chosen transports, with the
     /// identity of `peer`. A transport that cannot run here is one line on standard error. Made
