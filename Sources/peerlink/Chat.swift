@@ -15,7 +15,8 @@ struct Chat: AsyncParsableCommand {
             peers met before) are admitted; any other is refused right after its handshake, and both \
             sides print why. Meet a peer once without the flag to trust it.
 
-            Typed lines go to every connected peer. Commands: /peers lists the peers with id, the link \
+            Typed lines go to every connected peer, each as one reliable message (its UTF-8 bytes, \
+            without the newline); any message or datagram a peer sends is printed. Commands: /peers lists the peers with id, the link \
             in use (transport and address), encryption, verification code, and every transport the \
             peer is reachable on; /send PATH sends a file to every connected peer (progress \
             lines while chat goes on, then "* NAME verified by PEER"); /quit leaves. Files peers \
