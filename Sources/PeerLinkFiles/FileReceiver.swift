@@ -153,6 +153,19 @@ public struct IncomingFile: Sendable {
             PosixFile.remove(partPath)
             PosixFile.remove(metaPath)
         }
+        // Room for what is still to come, next to what the transfers under way here will write:
+        // an offer the disk cannot hold (a hostile peer's 2^64 bytes, or a real file too big) is
+        // declined before a byte is written.
+        let coming = size - min(size, decision.offset)
+        guard let reservation = SpaceReservation.take(coming, in: directory) else {
+            let space = PosixFile.space(at: directory)
+            let freeText = space.map { "\(SpaceReservation.text($0.available)) free" } ?? "its free space unknown"
+            await decline(reason: "the receiver has no room for it: \(SpaceReservation.text(coming)) to come, \(freeText)")
+            throw TransferFailure(
+                .fileSystem,
+                "no room in \(directory) for \(name) from \(peer.displayName): \(SpaceReservation.text(coming)) to come, \(freeText) (the receiver keeps \(SpaceReservation.text(SpaceReservation.spare(total: space?.total ?? 0))) free and room for the files it is receiving); declined")
+        }
+        defer { reservation.release() }
         // Opening, and re-hashing what is kept (up to the whole file, seconds for a large one),
         // on a thread of its own, not one of the few cooperative ones.
         let kept = decision.offset
@@ -285,5 +298,45 @@ public struct IncomingFile: Sendable {
         throw TransferFailure(.fileSystem, receiver.collision == .refuse
             ? "a file named \(name) appeared in \(receiver.directory) meanwhile: the receiver keeps it; the verified copy is kept as \(partPath) — rename it by hand"
             : "\(name) and its numbered alternatives up to 999 exist in \(receiver.directory): clear some of them and send again")
+    }
+}
+
+/// Space promised to the files being received in this process, so that offers accepted at once
+/// cannot together promise the same free space twice.
+struct SpaceReservation: Sendable {
+    /// What a receiver leaves free on a file system of `total` bytes, whatever is offered: a
+    /// twentieth of it, at most 64 MiB.
+    static func spare(total: UInt64) -> UInt64 { min(64 << 20, total / 20) }
+    private static let promised = Locked<UInt64>(0)
+    let bytes: UInt64
+
+    /// Reserves `bytes` when the file system under `directory` has them free besides what is
+    /// promised already and its ``spare(total:)``; nil when it has not. A file system that
+    /// tells no free space (read-only, `/sys`) is not judged: writing will say what is wrong.
+    static func take(_ bytes: UInt64, in directory: String) -> SpaceReservation? {
+        let space = PosixFile.space(at: directory)
+        return promised.withLock { promised -> SpaceReservation? in
+            let (wanted, overflow) = bytes.addingReportingOverflow(promised)
+            if let space {
+                let spare = spare(total: space.total)
+                guard !overflow, space.available >= spare, wanted <= space.available - spare else { return nil }
+            }
+            promised = overflow ? .max : wanted
+            return SpaceReservation(bytes: bytes)
+        }
+    }
+
+    func release() {
+        Self.promised.withLock { $0 -= min($0, bytes) }
+    }
+
+    /// `bytes` for a person: 1.5 GB, 640 MB, 12 kB, 900 bytes (decimal units).
+    static func text(_ bytes: UInt64) -> String {
+        let units: [(UInt64, String)] = [(1_000_000_000_000, "TB"), (1_000_000_000, "GB"), (1_000_000, "MB"), (1_000, "kB")]
+        for (size, unit) in units where bytes >= size {
+            let tenths = bytes / (size / 10) + (bytes % (size / 10) >= size / 20 ? 1 : 0)  // rounded
+            return "\(tenths / 10).\(tenths % 10) \(unit)"
+        }
+        return "\(bytes) bytes"
     }
 }

@@ -113,6 +113,12 @@ package enum Sys {
         return info
     }
 
+    package static func fileSystemStatus(_ path: String) throws(SystemError) -> Glibc.statvfs {
+        var info = Glibc.statvfs()
+        _ = try retrying("statvfs") { statvfs(path, &info) }
+        return info
+    }
+
     package static func open(_ path: String, _ flags: Int32, _ mode: mode_t) throws(SystemError) -> Int32 {
         try retrying("open") { Glibc.open(path, flags | O_CLOEXEC, mode) }
     }

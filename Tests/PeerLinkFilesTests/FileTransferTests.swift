@@ -330,6 +330,38 @@ struct FileTransferTests {
         #expect(failure.message == "bob declined data.bin: not now")
     }
 
+    /// An offer larger than the receiver's disk can hold (a hostile peer's 2^64 − 1 bytes) is
+    /// declined before anything is written, saying why on both sides; the space is not promised.
+    @Test func anOfferTheDiskCannotHoldIsDeclined() async throws {
+        let lab = try FileLab()
+        let channel = try await lab.open()
+        let offer = ResourceOffer(transferID: .random(), name: "huge.bin", size: .max, sha256: [UInt8](repeating: 0, count: 32))
+        try await channel.write(try ResourceMessage.offer(offer).encoded())
+        var decoder = ResourceMessageDecoder()
+        var answer: ResourceMessage?
+        while answer == nil, let bytes = try await channel.read() {
+            decoder.append(bytes)
+            answer = try decoder.next()
+        }
+        guard case .decline(let reason)? = answer else {
+            Issue.record("expected a decline, got \(String(describing: answer))")
+            return
+        }
+        #expect(reason.contains("no room"), "\(reason)")
+        #expect(!reason.contains(lab.directory), "the receiver's path reached the sender")
+        var iterator = lab.received.makeAsyncIterator()
+        let receiving = try #require(await iterator.next())
+        let local = try #require(await receiving.failure())
+        #expect(local.kind == .fileSystem)
+        #expect(local.message.contains("no room in \(lab.directory) for huge.bin"), "\(local.message)")
+        #expect(try lab.files() == [], "no partial file")
+        // Nothing stays promised: an ordinary file goes through afterwards.
+        let (path, sha) = try FileLab.makeFile(size: 4096)
+        let sending = FileSender().send(try await OutgoingFile.prepare(path: path), to: FileLab.bob, open: lab.open)
+        #expect(try await sending.result().get() == .sent)
+        #expect(try FileLab.sha(of: lab.directory + "/data.bin") == sha)
+    }
+
     @Test func hostileNamesStayInTheDirectory() async throws {
         let lab = try FileLab()
         let (path, _) = try FileLab.makeFile(size: 10)

@@ -59,9 +59,9 @@ struct FileSystemErrorTests {
     }
 
     // Root may write anywhere a file mode forbids, but not past a file system's size.
-    @Test("disk full: both sides say so, no file appears, the link goes on, and the same file resumes once there is room",
+    @Test("no room: the offer is declined saying so on both sides, nothing is written, the link goes on, and the file goes once there is room",
           .enabled(if: TestHost.isRoot, "mounting a small tmpfs needs root (CI runs as root)"), .timeLimit(.minutes(2)))
-    func diskFull() async throws {
+    func noRoom() async throws {
         let disk = try SmallFileSystem(size: 512 << 10)
         let source = TestHost.temporaryDirectory("peerlink-full-source")
         defer { try? FileManager.default.removeItem(atPath: source) }
@@ -74,32 +74,25 @@ struct FileSystemErrorTests {
                 Issue.record("a 2 MiB file was saved on a 512 KiB file system")
                 return await pair.close()
             }
-            let full = "the disk holding \(disk.path) is full: free some space and send the file again (what arrived is kept and the transfer resumes)"
             #expect(theirs.kind == .fileSystem)
-            #expect(theirs.message == full)
+            #expect(theirs.message.hasPrefix("no room in \(disk.path) for payload.bin from sender: 2.1 MB to come, "), "\(theirs.message)")
             guard case .failure(let mine) = await sending.result(within: .seconds(60)) else {
                 Issue.record("the sender reported success")
                 return await pair.close()
             }
-            #expect(mine.kind == .fileSystem)
+            #expect(mine.kind == .declined)
             // the sender learns what happened without the receiver's paths
-            #expect(
-                mine.message
-                    == "receiver could not save payload.bin: the receiver's disk is full: send the file again once it has made room (what arrived is kept and the transfer resumes)")
+            #expect(mine.message.hasPrefix("receiver declined payload.bin: the receiver has no room for it: 2.1 MB to come, "), "\(mine.message)")
             #expect(!mine.message.contains(disk.path))
-            #expect(sending.acceptedOffsets == [0], "a full disk is not a lost link: no resume by itself")
-            // No file under its name: only the hidden partial and its record, kept for resuming.
-            #expect(!disk.files.contains("payload.bin"))
-            #expect(disk.files.allSatisfy { $0.hasPrefix(".peerlink-") }, "\(disk.files)")
-            try await Self.expectLinkUsable(pair, tag: "after full")
+            #expect(sending.acceptedOffsets == [], "declined before a byte was written")
+            #expect(disk.files.isEmpty, "\(disk.files)")
+            try await Self.expectLinkUsable(pair, tag: "after no room")
 
-            // Room made: sending the same file again continues from what was kept.
+            // Room made: the same file goes.
             try disk.resize(to: 4 << 20)
             let (again, saved) = try await Self.send(file, in: pair)
             #expect(try await again.result(within: .seconds(60)).get() == .sent)
             #expect(try await saved.result(within: .seconds(60)).get() == .received(path: disk.path + "/payload.bin"))
-            let resumedAt = again.acceptedOffsets.first ?? 0
-            #expect(resumedAt > 0 && resumedAt < file.size, "resumed from the kept part, not restarted: \(again.acceptedOffsets)")
             #expect(disk.files == ["payload.bin"], "the partial and its record are gone")
             #expect(try await OutgoingFile.prepare(path: disk.path + "/payload.bin").sha256 == file.sha256)
         } catch {
