@@ -82,6 +82,7 @@ public enum HeapTuning {
     public static func apply(environment: [String: String] = ProcessInfo.processInfo.environment) -> Outcome {
         state.withLock { state in
             if let outcome = state.outcome { return outcome }
+            MemoryRelief.install { HeapTuning.trimSoon() }
             let outcome = decide(environment: environment, kept: state.kept)
             state.outcome = outcome
             return outcome
@@ -89,6 +90,45 @@ public enum HeapTuning {
     }
 
     private static let keptByTheApp = "the app keeps glibc's defaults (HeapTuning.keepDefaults())"
+
+    /// Gives the heaps' free memory back to the kernel (`malloc_trim`) on a thread of its own,
+    /// shortly after it is asked (the session's drop is freed by then), and at most once a
+    /// second: a request while a trim runs or within the second after one is carried out once
+    /// that second is over. Installed as ``PeerLinkCore/MemoryRelief``'s release whatever the
+    /// tuning: a heap keeps what a hostile peer made it hold with glibc's defaults too.
+    private static let trimming = Locked<(running: Bool, pending: Bool)>((false, false))
+
+    static func trimSoon() {
+        #if canImport(Glibc)
+        let start = trimming.withLock { state -> Bool in
+            if state.running {
+                state.pending = true
+                return false
+            }
+            state.running = true
+            return true
+        }
+        guard start else { return }
+        let thread = Thread {
+            Thread.sleep(forTimeInterval: 0.05)
+            while true {
+                _ = malloc_trim(0)
+                Thread.sleep(forTimeInterval: 1)
+                let again = trimming.withLock { state -> Bool in
+                    if state.pending {
+                        state.pending = false
+                        return true
+                    }
+                    state.running = false
+                    return false
+                }
+                if !again { break }
+            }
+        }
+        thread.name = "peerlink-trim"
+        thread.start()
+        #endif
+    }
 
     private static func decide(environment: [String: String], kept: Bool) -> Outcome {
         if let reason = reasonToLeave(environment: environment, kept: kept) { return .left(reason) }

@@ -672,10 +672,15 @@ extension PeerSession {
                     // After the handshake, only an admission check closes a link with code 7.
                     if byPeer, code == .identityMismatch { self.refusedByPeer(remote, reason: reason) }
                     let lost = link.closure?.lost ?? false
-                    self.apply { core, now in
-                        guard core.links[id]?.ended != true else { return ([], ()) }
-                        return (core.machine.linkClosed(id, code: code, reason: reason, lost: lost, at: now), ())
+                    let dropped = self.apply { core, now -> ([SessionAction], Int) in
+                        guard core.links[id]?.ended != true else { return ([], 0) }
+                        let held = core.machine.bufferedMessageBytes
+                        let actions = core.machine.linkClosed(id, code: code, reason: reason, lost: lost, at: now)
+                        return (actions, held - core.machine.bufferedMessageBytes)
                     }
+                    // A peer that left (or was sent away) with messages in part: their memory
+                    // goes back to the system, not only to the allocator.
+                    MemoryRelief.dropped(dropped)
                     closed.fire()
                 }
                 index += 1
