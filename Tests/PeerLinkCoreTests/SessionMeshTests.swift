@@ -135,6 +135,21 @@ struct SessionMeshTests {
         #expect(actions.contains { if case .closeLink(second, .protocolError, _) = $0 { return true } else { return false } })
     }
 
+    /// A member's `JOIN` on a link of its own is answered (it joins again on a new link), but
+    /// one for another session is a protocol error, as from anybody else.
+    @Test func aMembersJoinForAnotherSessionClosesItsLink() throws {
+        var net = try SessionNet(["host", "member"])
+        _ = try net.invite(0, 1)
+        try Self.runAcceptingEverything(&net)
+        #expect(net.connected(0) == [1])
+        let link = try #require(net.machine(0).links(to: net.peer(1)).first)
+        let again = net.nodes[0].machine.frameReceived(.control(.join(session: net.machine(0).sessionID)), on: link, at: net.now)
+        #expect(!again.contains { if case .closeLink = $0 { return true } else { return false } })
+        let other = net.nodes[0].machine.frameReceived(
+            .control(.join(session: SessionID(bytes: [UInt8](repeating: 0xEE, count: 16))!)), on: link, at: net.now)
+        #expect(other.contains { if case .closeLink(link, .protocolError, _) = $0 { return true } else { return false } })
+    }
+
     @Test func invitationsIntoAnotherSessionAreRefusedWhileInOne() throws {
         var net = try SessionNet(["a", "b", "c", "d"])
         _ = try net.invite(0, 1)

@@ -553,12 +553,13 @@ extension SessionStateMachine {
     }
 
     mutating func receiveJoin(_ session: SessionID, from fingerprint: Fingerprint, on link: LinkID) {
-        if peers[fingerprint]!.isMember {
-            replyToJoin(from: fingerprint, on: link)
-            return
-        }
+        // From a member too: a member joins this session again on a new link, never another.
         guard session == sessionID else {
             close(link, code: .protocolError, reason: "JOIN for session \(session), but this peer is in session \(sessionID)")
+            return
+        }
+        if peers[fingerprint]!.isMember {
+            replyToJoin(from: fingerprint, on: link)
             return
         }
         peers[fingerprint]!.pendingJoin = .init(link: link, deadline: now + policy.joinTimeout)
