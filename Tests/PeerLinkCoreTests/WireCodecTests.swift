@@ -300,6 +300,14 @@ struct WireFrameTests {
                 == [4] + session + [1] + Array(member.fingerprint.value.utf8) + [3] + Array("Ana".utf8))
     }
 
+    /// A roster longer than any session (a hostile member's 255 made-up peers) is malformed.
+    @Test func membersOverASessionsSizeAreMalformed() throws {
+        let eight = try ControlMessage.members(session: WireFixture.session, members: Array(repeating: Self.members[0], count: 8)).encoded()
+        #expect(try ControlMessage.decode(eight) == .members(session: WireFixture.session, members: Array(repeating: Self.members[0], count: 8)))
+        let nine = try ControlMessage.members(session: WireFixture.session, members: Array(repeating: Self.members[0], count: 9)).encoded()
+        #expect(throws: WireError.self) { try ControlMessage.decode(nine) }
+    }
+
     @Test func unknownFlagBitsAreKept() throws {
         let bytes = WireFixture.rawFrame(type: 0, flags: 0x8001, stream: 5, sequence: 1, payload: [1])
         #expect(try Frame.decode(bytes) == .data(stream: 5, flags: FrameFlags(rawValue: 0x8001), payload: [1]))

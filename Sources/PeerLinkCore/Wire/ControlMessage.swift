@@ -164,6 +164,9 @@ public enum ControlMessage: Hashable, Sendable, CustomStringConvertible {
             message = .decline(invitation: invitation, reason: DeclineReason(rawValue: reason))
         case .members:
             guard let session = reader.session(), let count = reader.uint8() else { throw truncated(kind, payload) }
+            guard count <= SessionPolicy.largestSession else {
+                throw .malformed("MEMBERS lists \(count) members; a session holds at most \(SessionPolicy.largestSession) peers")
+            }
             var members: [Member] = []
             for index in 0..<Int(count) {
                 guard let fingerprintBytes = reader.bytes(Fingerprint.length), let nameLength = reader.uint8(),
