@@ -139,6 +139,32 @@ struct SessionLivenessTests {
         #expect(net.connected(1) == [0, 2])
     }
 
+    /// A full session whose member lost its link gives that member's place to a peer that is
+    /// here and asks for it, rather than refusing it for the whole grace: peers that join and
+    /// drop their links at once cannot keep newcomers out.
+    @Test func anAbsentMemberGivesItsPlaceToAPeerThatIsHere() throws {
+        let policy = SessionPolicy(maximumPeers: 3, automatic: true, reconnectGrace: .seconds(30), redialInterval: .seconds(2))
+        var net = try SessionNet(["alice", "bob", "carol", "dave"], policy: policy, seed: 7)
+        for (a, b) in [(0, 1), (0, 2), (1, 2)] {
+            net.found(a, b)
+            net.found(b, a)
+        }
+        net.run()
+        net.advance(by: .seconds(12), tickEvery: .milliseconds(250))
+        #expect(net.connected(0) == [1, 2])
+        net.failingDials = [[0, 1], [1, 0]]
+        net.breakLinks(between: 0, and: 1)
+        net.run()
+        #expect(net.connected(0) == [1, 2], "bob is waited for")
+        net.found(0, 3)
+        net.found(3, 0)
+        net.run()
+        net.advance(by: .seconds(12), tickEvery: .milliseconds(250))
+        #expect(net.connected(0) == [2, 3], "dave took bob's place")
+        let reason = try #require(Self.reason(net, 0, about: 1))
+        #expect(reason.contains("its place went to dave"), "\(reason)")
+    }
+
     /// A peer that left on purpose (`GO_AWAY` 0) is not waited for.
     @Test func aPeerThatLeftIsNotWaitedFor() throws {
         var net = try Self.meshOfThree()

@@ -204,6 +204,23 @@ extension SessionStateMachine {
     }
 
     /// The pair's links are all gone (or the peer left): everything in progress with it ends.
+    /// `fingerprint`, a peer that is here (its link is up), asks for a place in a session that
+    /// has none: members whose every link is gone and who are only waited for (their reconnect
+    /// grace) give theirs up, the longest away first, until there is one. Otherwise peers that
+    /// join and drop their links at once (a hostile peer's throwaway keys) would keep every
+    /// newcomer out for as long as they keep doing it.
+    mutating func yieldPlacesOfAbsentMembers(to fingerprint: Fingerprint) {
+        while !hasRoom(excluding: fingerprint) || isFullOfMembers(excluding: fingerprint) {
+            let absent = peers.filter { key, record in
+                key != fingerprint && record.isMember && record.links.isEmpty && record.reconnectDeadline != nil
+            }
+            guard let away = absent.min(by: { ($0.value.reconnectDeadline!, $0.key) < ($1.value.reconnectDeadline!, $1.key) })?.key else { return }
+            peers[away]!.reconnectDeadline = nil
+            peers[away]!.redialAt = nil
+            lose(away, reason: "\(peers[away]!.id)'s link was lost and the session was full: its place went to \(peers[fingerprint]?.id.description ?? "a peer that is here")")
+        }
+    }
+
     mutating func lose(_ fingerprint: Fingerprint, reason: String) {
         guard var record = peers[fingerprint] else { return }
         let wasMember = record.isMember
@@ -435,6 +452,7 @@ extension SessionStateMachine {
             }
             return
         }
+        if session == sessionID { yieldPlacesOfAbsentMembers(to: fingerprint) }
         if isFullOfMembers(excluding: fingerprint) {
             refuse(
                 wireID, from: fingerprint, reason: .sessionFull,
@@ -570,6 +588,8 @@ extension SessionStateMachine {
     /// in automatic mode) and there is a place; refused with `GO_AWAY` *session full* when there
     /// is no place. Returns whether it was settled.
     mutating func settleJoin(of fingerprint: Fingerprint) -> Bool {
+        guard peers[fingerprint]?.pendingJoin != nil else { return false }
+        if !peers[fingerprint]!.holdsPlace { yieldPlacesOfAbsentMembers(to: fingerprint) }
         guard let record = peers[fingerprint], let pending = record.pendingJoin else { return false }
         guard links[pending.link] != nil else {
             peers[fingerprint]!.pendingJoin = nil
