@@ -203,7 +203,6 @@ extension SessionStateMachine {
         }
     }
 
-    /// The pair's links are all gone (or the peer left): everything in progress with it ends.
     /// `fingerprint`, a peer that is here (its link is up), asks for a place in a session that
     /// has none: members whose every link is gone and who are only waited for (their reconnect
     /// grace) give theirs up, the longest away first, until there is one. Otherwise peers that
@@ -221,6 +220,7 @@ extension SessionStateMachine {
         }
     }
 
+    /// The pair's links are all gone (or the peer left): everything in progress with it ends.
     mutating func lose(_ fingerprint: Fingerprint, reason: String) {
         guard var record = peers[fingerprint] else { return }
         let wasMember = record.isMember
