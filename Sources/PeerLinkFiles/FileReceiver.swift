@@ -301,33 +301,37 @@ public struct IncomingFile: Sendable {
     }
 }
 
-/// Space promised to the files being received in this process, so that offers accepted at once
-/// cannot together promise the same free space twice.
+/// Space promised to the files being received in this process, per file system, so that offers
+/// accepted at once cannot together promise the same free space twice.
 struct SpaceReservation: Sendable {
     /// What a receiver leaves free on a file system of `total` bytes, whatever is offered: a
     /// twentieth of it, at most 64 MiB.
     static func spare(total: UInt64) -> UInt64 { min(64 << 20, total / 20) }
-    private static let promised = Locked<UInt64>(0)
+    private static let promised = Locked<[UInt64: UInt64]>([:])
     let bytes: UInt64
+    /// The file system it is promised on (nil: one that tells no free space, nothing promised).
+    let fileSystem: UInt64?
 
     /// Reserves `bytes` when the file system under `directory` has them free besides what is
     /// promised already and its ``spare(total:)``; nil when it has not. A file system that
     /// tells no free space (read-only, `/sys`) is not judged: writing will say what is wrong.
     static func take(_ bytes: UInt64, in directory: String) -> SpaceReservation? {
-        let space = PosixFile.space(at: directory)
+        guard let space = PosixFile.space(at: directory) else { return SpaceReservation(bytes: 0, fileSystem: nil) }
         return promised.withLock { promised -> SpaceReservation? in
-            let (wanted, overflow) = bytes.addingReportingOverflow(promised)
-            if let space {
-                let spare = spare(total: space.total)
-                guard !overflow, space.available >= spare, wanted <= space.available - spare else { return nil }
-            }
-            promised = overflow ? .max : wanted
-            return SpaceReservation(bytes: bytes)
+            let (wanted, overflow) = bytes.addingReportingOverflow(promised[space.fileSystem, default: 0])
+            let spare = spare(total: space.total)
+            guard !overflow, space.available >= spare, wanted <= space.available - spare else { return nil }
+            promised[space.fileSystem] = wanted
+            return SpaceReservation(bytes: bytes, fileSystem: space.fileSystem)
         }
     }
 
     func release() {
-        Self.promised.withLock { $0 -= min($0, bytes) }
+        guard let fileSystem else { return }
+        Self.promised.withLock { promised in
+            let left = promised[fileSystem, default: 0] - min(promised[fileSystem, default: 0], bytes)
+            promised[fileSystem] = left == 0 ? nil : left
+        }
     }
 
     /// `bytes` for a person: 1.5 GB, 640 MB, 12 kB, 900 bytes (decimal units).

@@ -116,17 +116,19 @@ public final class PosixFile: @unchecked Sendable {
         return UInt64(info.st_size)
     }
 
-    /// The size of the file system that holds `path` and the bytes an unprivileged process may
+    /// The size of the file system that holds `path`, the bytes an unprivileged process may
     /// still write there (`statvfs`: blocks, and free blocks for non-root, times the fragment
-    /// size); nil when it cannot be asked, is mounted read-only, or reports no size at all
-    /// (`/proc`, `/sys`): writing there says what is wrong.
-    public static func space(at path: String) -> (available: UInt64, total: UInt64)? {
-        guard let info = try? Sys.fileSystemStatus(path), info.f_blocks > 0, info.f_flag & UInt(ST_RDONLY) == 0 else { return nil }
+    /// size), and its device number (`st_dev`, one per mounted file system); nil when it cannot be asked, is mounted read-only, or
+    /// reports no size at all (`/proc`, `/sys`): writing there says what is wrong.
+    public static func space(at path: String) -> (available: UInt64, total: UInt64, fileSystem: UInt64)? {
+        guard let info = try? Sys.fileSystemStatus(path), info.f_blocks > 0, info.f_flag & UInt(ST_RDONLY) == 0,
+            let device = try? Sys.fileStatus(path).st_dev
+        else { return nil }
         func bytes(_ blocks: UInt64) -> UInt64 {
             let (product, overflow) = blocks.multipliedReportingOverflow(by: UInt64(info.f_frsize))
             return overflow ? .max : product
         }
-        return (bytes(UInt64(info.f_bavail)), bytes(UInt64(info.f_blocks)))
+        return (bytes(UInt64(info.f_bavail)), bytes(UInt64(info.f_blocks)), UInt64(device))
     }
 
     /// Whether anything (file, directory, link) exists at `path`.
