@@ -159,11 +159,11 @@ public struct IncomingFile: Sendable {
         let coming = size - min(size, decision.offset)
         guard let reservation = SpaceReservation.take(coming, in: directory) else {
             let space = PosixFile.space(at: directory)
-            let freeText = space.map { "\(SpaceReservation.text($0.available)) free" } ?? "its free space unknown"
-            await decline(reason: "the receiver has no room for it: \(SpaceReservation.text(coming)) to come, \(freeText)")
+            let freeText = space.map { "\(ByteCount.text($0.available)) free" } ?? "its free space unknown"
+            await decline(reason: "the receiver has no room for it: \(ByteCount.text(coming)) to come, \(freeText)")
             throw TransferFailure(
                 .fileSystem,
-                "no room in \(directory) for \(name) from \(peer.displayName): \(SpaceReservation.text(coming)) to come, \(freeText) (the receiver keeps \(SpaceReservation.text(SpaceReservation.spare(total: space?.total ?? 0))) free and room for the files it is receiving); declined")
+                "no room in \(directory) for \(name) from \(peer.displayName): \(ByteCount.text(coming)) to come, \(freeText) (the receiver keeps \(ByteCount.text(SpaceReservation.spare(total: space?.total ?? 0))) free and room for the files it is receiving); declined")
         }
         defer { reservation.release() }
         // Opening, and re-hashing what is kept (up to the whole file, seconds for a large one),
@@ -332,15 +332,5 @@ struct SpaceReservation: Sendable {
             let left = promised[fileSystem, default: 0] - min(promised[fileSystem, default: 0], bytes)
             promised[fileSystem] = left == 0 ? nil : left
         }
-    }
-
-    /// `bytes` for a person: 1.5 GB, 640 MB, 12 kB, 900 bytes (decimal units).
-    static func text(_ bytes: UInt64) -> String {
-        let units: [(UInt64, String)] = [(1_000_000_000_000, "TB"), (1_000_000_000, "GB"), (1_000_000, "MB"), (1_000, "kB")]
-        for (size, unit) in units where bytes >= size {
-            let tenths = bytes / (size / 10) + (bytes % (size / 10) >= size / 20 ? 1 : 0)  // rounded
-            return "\(tenths / 10).\(tenths % 10) \(unit)"
-        }
-        return "\(bytes) bytes"
     }
 }

@@ -56,14 +56,7 @@ struct TransferProgressView: Sendable {
         return "\(label): \(Int(progress.fraction * 100))% (\(progress.bytesDone)/\(progress.total) bytes), \(rate(progress.bytesPerSecond))\(eta)\(resumed)"
     }
 
-    static func bytes(_ count: UInt64) -> String {
-        let value = Double(count)
-        let kib = 1024.0
-        if value >= kib * kib * kib { return String(format: "%.1f GiB", value / (kib * kib * kib)) }
-        if value >= kib * kib { return String(format: "%.1f MiB", value / (kib * kib)) }
-        if value >= kib { return String(format: "%.1f KiB", value / kib) }
-        return "\(count) B"
-    }
+    static func bytes(_ count: UInt64) -> String { ByteCount.text(count) }
 
     static func rate(_ bytesPerSecond: Double) -> String { bytes(UInt64(max(0, bytesPerSecond))) + "/s" }
 

@@ -75,14 +75,14 @@ struct FileSystemErrorTests {
                 return await pair.close()
             }
             #expect(theirs.kind == .fileSystem)
-            #expect(theirs.message.hasPrefix("no room in \(disk.path) for payload.bin from sender: 2.1 MB to come, "), "\(theirs.message)")
+            #expect(theirs.message.hasPrefix("no room in \(disk.path) for payload.bin from sender: 2.0 MiB to come, "), "\(theirs.message)")
             guard case .failure(let mine) = await sending.result(within: .seconds(60)) else {
                 Issue.record("the sender reported success")
                 return await pair.close()
             }
             #expect(mine.kind == .declined)
             // the sender learns what happened without the receiver's paths
-            #expect(mine.message.hasPrefix("receiver declined payload.bin: the receiver has no room for it: 2.1 MB to come, "), "\(mine.message)")
+            #expect(mine.message.hasPrefix("receiver declined payload.bin: the receiver has no room for it: 2.0 MiB to come, "), "\(mine.message)")
             #expect(!mine.message.contains(disk.path))
             #expect(sending.acceptedOffsets == [], "declined before a byte was written")
             #expect(disk.files.isEmpty, "\(disk.files)")
