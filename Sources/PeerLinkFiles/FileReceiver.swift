@@ -153,6 +153,7 @@ public struct IncomingFile: Sendable {
             PosixFile.remove(partPath)
             PosixFile.remove(metaPath)
         }
+        if decision.offset == 0 { makeRoomForAnotherPartial(base: base) }
         // Room for what is still to come, next to what the transfers under way here will write:
         // an offer the disk cannot hold (a hostile peer's 2^64 bytes, or a real file too big) is
         // declined before a byte is written.
@@ -279,6 +280,24 @@ public struct IncomingFile: Sendable {
         try? await channel.send(.verdict(.verified))
         try? await channel.finish()
         return .received(path: destination)
+    }
+
+    /// Before a transfer starts to be kept: removes the partial files that were left alone
+    /// longest when this sender, or all senders together, already have as many unfinished
+    /// transfers here as a receiver keeps (``PeerLinkCore/ResumeBook/keptPerSender``,
+    /// ``PeerLinkCore/ResumeBook/keptInDirectory``).
+    private func makeRoomForAnotherPartial(base: String) {
+        var kept: [ResumeBook.Kept] = []
+        let entries = PosixFile.entries(in: receiver.directory) { ResumeBook.keptTransfer(named: $0) != nil } ?? []
+        for entry in entries {
+            guard let found = ResumeBook.keptTransfer(named: entry.name) else { continue }
+            kept.append(ResumeBook.Kept(base: receiver.path(found.base), sender: found.sender, modified: entry.modified))
+        }
+        let busy = Self.busy.withLock { $0 }
+        for stale in ResumeBook.toRemove(beforeStarting: base, from: peer.fingerprint.value, kept: kept, busy: busy) {
+            PosixFile.remove(stale + ResumeBook.partSuffix)
+            PosixFile.remove(stale + ResumeBook.metaSuffix)
+        }
     }
 
     /// Moves the verified partial file to its name, never over an existing file.

@@ -131,6 +131,24 @@ public final class PosixFile: @unchecked Sendable {
         return (bytes(UInt64(info.f_bavail)), bytes(UInt64(info.f_blocks)), UInt64(device))
     }
 
+    /// The entries of the directory at `path` whose names `matching` accepts, each with when it
+    /// was last modified (nanoseconds since the epoch); nil when the directory cannot be read.
+    public static func entries(in path: String, matching: (String) -> Bool) -> [(name: String, modified: Int64)]? {
+        var names: [String] = []
+        do {
+            try Sys.forEachDirectoryEntry(path) { name in
+                if matching(name) { names.append(name) }
+            }
+        } catch {
+            return nil
+        }
+        let prefix = path == "/" ? "/" : path + "/"
+        return names.compactMap { name in
+            guard let info = try? Sys.fileStatus(prefix + name) else { return nil }
+            return (name, Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec))
+        }
+    }
+
     /// Whether anything (file, directory, link) exists at `path`.
     public static func exists(_ path: String) -> Bool {
         var info = Glibc.stat()

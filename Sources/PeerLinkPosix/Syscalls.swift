@@ -119,6 +119,18 @@ package enum Sys {
         return info
     }
 
+    /// Calls `body` with the name of each entry of the directory at `path` (`.` and `..` too).
+    package static func forEachDirectoryEntry(_ path: String, _ body: (String) -> Void) throws(SystemError) {
+        guard let directory = opendir(path) else { throw SystemError("opendir", errno: Glibc.errno) }
+        defer { closedir(directory) }
+        while let entry = readdir(directory) {
+            let name = withUnsafePointer(to: &entry.pointee.d_name) {
+                String(cString: UnsafeRawPointer($0).assumingMemoryBound(to: CChar.self))
+            }
+            body(name)
+        }
+    }
+
     package static func open(_ path: String, _ flags: Int32, _ mode: mode_t) throws(SystemError) -> Int32 {
         try retrying("open") { Glibc.open(path, flags | O_CLOEXEC, mode) }
     }

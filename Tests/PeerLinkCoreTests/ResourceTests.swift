@@ -219,6 +219,40 @@ struct ResumeBookTests {
         else { Issue.record("a record without its partial must restart"); return }
     }
 
+    @Test func partialFilesAreRecognisedByName() {
+        let base = ResumeBook.partialName(sender: Self.sender, transfer: Self.offer.transferID)
+        #expect(ResumeBook.keptTransfer(named: base + ResumeBook.partSuffix)?.base == base)
+        #expect(ResumeBook.keptTransfer(named: base + ResumeBook.metaSuffix)?.sender == Self.sender.value)
+        for other in [base, "report.pdf", ".peerlink-x-y.part", base.dropLast() + ".part", ".peerlink-\(Self.sender.value)-\(String(repeating: "g", count: 32)).part",
+            ".peerlink-\(Self.sender.value)-00-\(String(repeating: "0", count: 32)).meta", ".peerlink-AAAAAAAAAAAAAAAA-\(String(repeating: "0", count: 32)).part"]
+        {
+            #expect(ResumeBook.keptTransfer(named: other) == nil, "\(other)")
+        }
+    }
+
+    @Test func keptPartialsAreBoundedPerSenderAndInAllOldestFirst() {
+        func kept(_ sender: String, _ count: Int, from start: Int64) -> [ResumeBook.Kept] {
+            (0..<count).map { ResumeBook.Kept(base: "\(sender)-\($0)", sender: sender, modified: start + Int64($0)) }
+        }
+        // One sender at its limit: the oldest goes before a new one starts.
+        let mallory = kept("m", ResumeBook.keptPerSender, from: 100)
+        #expect(ResumeBook.toRemove(beforeStarting: "m-new", from: "m", kept: mallory, busy: []) == ["m-0"])
+        // ...unless it is being received; then the next oldest.
+        #expect(ResumeBook.toRemove(beforeStarting: "m-new", from: "m", kept: mallory, busy: ["m-0"]) == ["m-1"])
+        // Another sender's transfer does not count against this one's limit.
+        #expect(ResumeBook.toRemove(beforeStarting: "a-new", from: "a", kept: mallory, busy: []) == [])
+        // The same transfer restarting is not counted twice.
+        #expect(ResumeBook.toRemove(beforeStarting: "m-3", from: "m", kept: mallory, busy: []) == [])
+        // A .part and a .meta of one transfer count once, at the later of their times.
+        let pair = [ResumeBook.Kept(base: "m-0", sender: "m", modified: 1_000)] + mallory
+        #expect(ResumeBook.toRemove(beforeStarting: "m-new", from: "m", kept: pair, busy: []) == ["m-1"])
+        // Many senders (fresh keys) together: the directory's limit, oldest first whoever sent it.
+        let crowd = (0..<ResumeBook.keptInDirectory).flatMap { kept("s\($0)", 1, from: Int64($0)) }
+        #expect(ResumeBook.toRemove(beforeStarting: "x-new", from: "x", kept: crowd, busy: []) == ["s0-0"])
+        let over = crowd + kept("t", 3, from: 500)
+        #expect(ResumeBook.toRemove(beforeStarting: "x-new", from: "x", kept: over, busy: []) == ["s0-0", "s1-0", "s2-0", "s3-0"])
+    }
+
     @Test func senderLedgerFollowsTheReceiversAcknowledgements() throws {
         var ledger = SendLedger(size: 1000)
         #expect(try ledger.accepted(at: 0) == 0)

@@ -386,6 +386,40 @@ struct FileTransferTests {
         }
     }
 
+    @Test func aSenderThatDropsOfferAfterOfferLeavesABoundedNumberOfPartialFiles() async throws {
+        let lab = try FileLab()
+        var iterator = lab.received.makeAsyncIterator()
+        let count = ResumeBook.keptPerSender + 4
+        var first: [String] = []
+        for index in 0..<count {
+            let channel = try await lab.open()
+            let offer = ResourceOffer(transferID: .random(), name: "f\(index)", size: 4096, sha256: [UInt8](repeating: 0, count: 32))
+            try await channel.write(try ResourceMessage.offer(offer).encoded())
+            var decoder = ResourceMessageDecoder()
+            var answer: ResourceMessage?
+            while answer == nil, let bytes = try await channel.read() {
+                decoder.append(bytes)
+                answer = try decoder.next()
+            }
+            guard case .accept(offset: 0)? = answer else {
+                Issue.record("expected an accept at 0, got \(String(describing: answer))")
+                return
+            }
+            if index < 4 { first.append(ResumeBook.partialName(sender: FileLab.alice.fingerprint, transfer: offer.transferID)) }
+            lab.cut()
+            let receiving = try #require(await iterator.next())
+            #expect(await receiving.failure()?.kind == .linkLost)
+            // File times have a coarse clock: keep the order visible to it.
+            try await Task.sleep(for: .milliseconds(15))
+        }
+        let files = try lab.files()
+        #expect(files.count { $0.hasSuffix(ResumeBook.partSuffix) } == ResumeBook.keptPerSender, "\(files)")
+        #expect(files.count { $0.hasSuffix(ResumeBook.metaSuffix) } == ResumeBook.keptPerSender, "\(files)")
+        for base in first {
+            #expect(!files.contains(base + ResumeBook.partSuffix), "the oldest are removed first: \(base)")
+        }
+    }
+
     @Test func lostLinkThatDoesNotComeBackFailsSayingHowToResume() async throws {
         let lab = try FileLab()
         let (path, _) = try FileLab.makeFile(size: 8 * 1024 * 1024)

@@ -20,6 +20,76 @@ public enum ResumeBook {
     public static let partSuffix = ".part"
     public static let metaSuffix = ".meta"
 
+    /// The most unfinished transfers a receiver keeps in one directory from one sender, and from
+    /// all senders together. Free space bounds their bytes; these bound their number, so a
+    /// peer that starts offers and drops them (with one key or with a fresh key each time)
+    /// cannot fill a directory with partial files. Starting a transfer beyond either removes
+    /// the partial files that were left alone longest.
+    public static let keptPerSender = 16
+    public static let keptInDirectory = 64
+
+    /// A transfer's partial files as found in a directory: their base name
+    /// (``partialName(sender:transfer:)``), the sender's fingerprint, and when either file was
+    /// last written (any clock, compared only with each other).
+    public struct Kept: Hashable, Sendable {
+        public let base: String
+        public let sender: String
+        public let modified: Int64
+
+        public init(base: String, sender: String, modified: Int64) {
+            self.base = base
+            self.sender = sender
+            self.modified = modified
+        }
+    }
+
+    /// The base name and sender of a directory entry that is one of a transfer's partial files
+    /// (`.peerlink-<fingerprint>-<32 hex digits>` with ``partSuffix`` or ``metaSuffix``); nil
+    /// for any other name.
+    public static func keptTransfer(named name: String) -> (base: String, sender: String)? {
+        let base: Substring
+        if name.hasSuffix(partSuffix) {
+            base = name.dropLast(partSuffix.count)
+        } else if name.hasSuffix(metaSuffix) {
+            base = name.dropLast(metaSuffix.count)
+        } else {
+            return nil
+        }
+        let prefix = ".peerlink-"
+        guard base.hasPrefix(prefix) else { return nil }
+        let rest = base.dropFirst(prefix.count).split(separator: "-", omittingEmptySubsequences: false)
+        guard rest.count == 2, Fingerprint(String(rest[0]))?.value == String(rest[0]),
+            rest[1].count == TransferID.byteCount * 2, rest[1].allSatisfy(\.isHexDigit)
+        else { return nil }
+        return (String(base), String(rest[0]))
+    }
+
+    /// The kept transfers to remove before the transfer with base name `base` from `sender`
+    /// starts, so that with it at most ``keptPerSender`` of that sender's and
+    /// ``keptInDirectory`` in all are kept: the ones left alone longest first, never one in
+    /// `busy` (being received right now).
+    public static func toRemove(beforeStarting base: String, from sender: String, kept: [Kept], busy: Set<String>) -> [String] {
+        var byBase: [String: Kept] = [:]
+        for entry in kept where entry.base != base {
+            if let seen = byBase[entry.base], seen.modified >= entry.modified { continue }
+            byBase[entry.base] = entry
+        }
+        let oldestFirst = byBase.values.sorted { ($0.modified, $0.base) < ($1.modified, $1.base) }
+        var removed: [String] = []
+        var senderCount = oldestFirst.count { $0.sender == sender }
+        var total = oldestFirst.count
+        for entry in oldestFirst where !busy.contains(entry.base) && entry.sender == sender && senderCount >= keptPerSender {
+            removed.append(entry.base)
+            senderCount -= 1
+            total -= 1
+        }
+        for entry in oldestFirst where !busy.contains(entry.base) && !removed.contains(entry.base) && total >= keptInDirectory {
+            removed.append(entry.base)
+            total -= 1
+        }
+        return removed
+    }
+
     /// The `.meta` record of an offer: what a later re-offer must match to resume.
     public static func record(for offer: ResourceOffer) -> [UInt8] {
         let sha = offer.sha256.map { String($0, radix: 16).leftPadded(to: 2) }.joined()
