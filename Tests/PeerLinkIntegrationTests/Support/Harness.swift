@@ -69,6 +69,12 @@ enum TestHost {
         return runSynchronously(python, ["-c", "import zeroconf"], timeout: .seconds(20))?.status == 0
     }()
 
+    /// Whether `python` can run the independent peer (`import noise, cryptography`; asked once).
+    static let pythonHasNoise: Bool = {
+        guard let python = pythonPath else { return false }
+        return runSynchronously(python, ["-c", "import noise.connection, cryptography"], timeout: .seconds(20))?.status == 0
+    }()
+
     /// Whether this kernel has Bluetooth sockets (`socket(AF_BLUETOOTH)` succeeds).
     static let kernelHasBluetooth: Bool = {
         let afBluetooth: Int32 = 31

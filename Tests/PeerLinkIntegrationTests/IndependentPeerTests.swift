@@ -1,0 +1,131 @@
+import Foundation
+import Testing
+
+/// `peerlink chat` against a peer written in Python from the articles alone
+/// (Tests/Interop/independent_peer.py, no code shared): the preface, the Noise handshake in both
+/// roles, records and frames, invitations, and a pair carried over to a new link with nothing
+/// lost. When an article and the code disagree, one of these fails.
+@Suite(
+    "interoperability with an independent implementation of the wire format",
+    .enabled(if: TestHost.pythonHasNoise || TestHost.daemonsRequired, "\(TestHost.python) cannot import noise (Hardware/setup.sh --tests provides one that can)"))
+struct IndependentPeerTests {
+    static var script: String? { TestHost.repositoryRoot.map { $0 + "/Tests/Interop/independent_peer.py" } }
+
+    /// Starts the independent peer with `arguments`.
+    static func start(_ arguments: [String]) throws -> ChildProcess {
+        let python = try #require(TestHost.pythonPath, "\(TestHost.python) not found")
+        #expect(TestHost.pythonHasNoise, "\(python) cannot import noise and cryptography")
+        let script = try #require(script, "the repository (Tests/Interop) is not next to this build")
+        return try ChildProcess(python, ["-u", script] + arguments)
+    }
+
+    /// Starts the independent peer listening on a free loopback port; returns it and the port.
+    static func listening(_ arguments: [String]) async throws -> (ChildProcess, String) {
+        let peer = try start(["--listen", "127.0.0.1:0"] + arguments)
+        let line = try await peer.waitForLine(containing: "listening on 127.0.0.1:", timeout: .seconds(20))
+        let port = String(line.split(separator: ":").last ?? "")
+        try #require(!port.isEmpty && port.allSatisfy(\.isNumber), "\(line)")
+        return (peer, port)
+    }
+
+    /// How many lines of `process`'s standard output contain `text`.
+    static func count(_ text: String, in lines: [String]) -> Int { lines.count { $0.contains(text) } }
+
+    @Test(
+        "chat dials it: encrypted handshake as initiator, invitation, lines both ways, GO_AWAY 0 seen as a leave",
+        .timeLimit(.minutes(1)), arguments: ["required", "none"])
+    func chatDialsIt(encryption: String) async throws {
+        let service = TestHost.uniqueServiceType("i")
+        let (peer, port) = try await Self.listening([
+            "--name", "Indie", "--service", service, "--encryption", encryption, "--reply",
+            "--say", "hello from an independent peer", "--linger", "3", "--max-time", "30",
+        ])
+        defer { peer.terminate() }
+        let chat = try ChildProcess.peerlink(
+            ["chat", "--name", "Swift", "--service", service, "--encryption", encryption, "--transport", "lan", "--connect", "tcp://127.0.0.1:\(port)"],
+            withInput: true)
+        defer { chat.terminate() }
+        _ = try await chat.waitForLine(containing: "* Indie joined", timeout: .seconds(20))
+        chat.type("hello from swift\n")
+        _ = try await chat.waitForLine(containing: "Indie: echo: hello from swift", timeout: .seconds(10))
+        #expect(chat.stdoutLines.contains("Indie: hello from an independent peer"), "\(chat.stdout)")
+        _ = try await chat.waitForLine(containing: "* Indie left", timeout: .seconds(15))
+        #expect(try await peer.waitForExit(timeout: .seconds(15)) == 0, "\(peer.stdout)")
+        #expect(peer.stdout.contains("encryption on this link: \(encryption == "none" ? "off" : "on")"), "\(peer.stdout)")
+        #expect(Self.count("complete: b'hello from swift'", in: peer.stdoutLines) == 1, "\(peer.stdout)")
+        #expect(!peer.stdout.contains("LINK ENDED"), "the link ended before GO_AWAY: \(peer.stdout)")
+        chat.closeInput()
+        #expect(try await chat.waitForExit() == 0, "\(chat.stderr)")
+    }
+
+    @Test(
+        "it dials chat and invites: chat as the handshake's responder and as the invitee; automatic mode declines another session",
+        .timeLimit(.minutes(1)),
+        .enabled(if: TestHost.avahiTestsEnabled, "avahi-daemon is not running (chat without --connect needs it to advertise)"))
+    func itDialsChat() async throws {
+        let service = TestHost.uniqueServiceType("i")
+        let chat = try ChildProcess.peerlink(["chat", "--name", "Swift", "--service", service, "--transport", "lan"], withInput: true)
+        defer { chat.terminate() }
+        let listening = try await chat.waitForStderrLine(containing: "Listening on tcp://", timeout: .seconds(30))
+        let port = String((listening.split(separator: ":").last ?? "").prefix { $0.isNumber })
+        try #require(!port.isEmpty, "\(listening)")
+        // An invitation into a session of its own (a random id): chat, in automatic mode, declines it.
+        let stranger = try Self.start([
+            "--dial", "127.0.0.1:\(port)", "--name", "Stranger", "--service", service, "--invite", "--max-time", "2",
+        ])
+        defer { stranger.terminate() }
+        _ = try await stranger.waitForLine(containing: "CONTROL ver=2 flags=0x0 stream=0 len=6 DECLINE id=1", timeout: .seconds(20))
+        #expect(try await stranger.waitForExit(timeout: .seconds(15)) == 0, "\(stranger.stdout)")
+        // An invitation into the service's automatic session (Sessions article): accepted.
+        let peer = try Self.start([
+            "--dial", "127.0.0.1:\(port)", "--name", "Indie", "--service", service, "--auto", "--invite",
+            "--say", "first line from the dialler", "--linger", "4", "--max-time", "30",
+        ])
+        defer { peer.terminate() }
+        _ = try await chat.waitForLine(containing: "* Indie joined", timeout: .seconds(20))
+        _ = try await chat.waitForLine(containing: "Indie: first line from the dialler", timeout: .seconds(10))
+        chat.type("answer from swift\n")
+        _ = try await chat.waitForLine(containing: "* Indie left", timeout: .seconds(15))
+        #expect(try await peer.waitForExit(timeout: .seconds(15)) == 0, "\(peer.stdout)")
+        #expect(Self.count("complete: b'answer from swift'", in: peer.stdoutLines) == 1, "\(peer.stdout)")
+        #expect(Self.count("CONTROL ver=2 flags=0x0 stream=0 len=5 ACCEPT id=1", in: peer.stdoutLines) == 1, "chat accepted the invitation: \(peer.stdout)")
+        #expect(!chat.stdout.contains("Stranger"), "\(chat.stdout)")
+    }
+
+    @Test(
+        "a pair carried over to a new link: what either side sent and the other never acknowledged arrives once, in order",
+        .timeLimit(.minutes(1)))
+    func continuityAcrossLinks() async throws {
+        let service = TestHost.uniqueServiceType("i")
+        // On the first link the peer stops taking frames (so chat must keep "one"), then keeps a
+        // message of its own without writing it (as if the link lost it), then drops the link
+        // without GO_AWAY. Chat dials again; both sides send what the other has not acknowledged.
+        let (peer, port) = try await Self.listening([
+            "--name", "Indie", "--service", service, "--links", "2",
+            "--act", "0.5:noack", "--act", "4:phantom", "--act", "4.5:say=lost-on-link-1", "--act", "5:drop",
+            "--act2", "1:say=on-link-2", "--act2", "4:goaway=0", "--max-time", "40",
+        ])
+        defer { peer.terminate() }
+        let chat = try ChildProcess.peerlink(
+            ["chat", "--name", "Swift", "--service", service, "--transport", "lan", "--connect", "tcp://127.0.0.1:\(port)"], withInput: true)
+        defer { chat.terminate() }
+        _ = try await chat.waitForLine(containing: "* Indie joined", timeout: .seconds(20))
+        _ = try await peer.waitForLine(containing: "=== action noack", timeout: .seconds(10))
+        chat.type("one\n")
+        _ = try await peer.waitForLine(containing: "(not taken, not acknowledged", timeout: .seconds(10))
+        _ = try await chat.waitForLine(containing: "Indie: on-link-2", timeout: .seconds(20))
+        chat.type("two\n")
+        _ = try await chat.waitForLine(containing: "* Indie left", timeout: .seconds(15))
+        #expect(try await peer.waitForExit(timeout: .seconds(15)) == 0, "\(peer.stdout)")
+
+        let received = chat.stdoutLines.filter { $0.hasPrefix("Indie: ") }
+        #expect(received == ["Indie: lost-on-link-1", "Indie: on-link-2"], "\(chat.stdout)")
+        #expect(Self.count("accepted link #2", in: peer.stdoutLines) == 1, "chat dialled again: \(peer.stdout)")
+        #expect(Self.count("complete: b'one'", in: peer.stdoutLines) == 1, "\(peer.stdout)")
+        #expect(Self.count("complete: b'two'", in: peer.stdoutLines) == 1, "\(peer.stdout)")
+        let one = peer.stdoutLines.firstIndex { $0.contains("complete: b'one'") } ?? .max
+        let two = peer.stdoutLines.firstIndex { $0.contains("complete: b'two'") } ?? .min
+        #expect(one < two, "in order: \(peer.stdout)")
+        #expect(!chat.stdout.contains("* Indie left\n* Indie joined"), "the peer never left between the links: \(chat.stdout)")
+    }
+}
