@@ -36,7 +36,9 @@ struct Chat: AsyncParsableCommand {
             message (lines read before anybody is connected wait for the first peer, up to --wait \
             seconds), each message received is printed as "NAME: TEXT", joins and leaves as \
             "* NAME joined" and "* NAME left"; at the end of input it sends what it read, waits (up \
-            to 10 s) until every peer acknowledged it, even one whose link is being replaced, and exits 0.
+            to 10 s) until every peer acknowledged it, even one whose link is being replaced, and exits 0. \
+            A NAME that two peers go by (or that is yours, or a known peer's arriving with a new key) is \
+            followed by the first group of the peer's id: "NAME [abcd]".
 
             Ctrl-C (SIGINT) or SIGTERM leaves as /quit does, without waiting for acknowledgements, \
             and exits 0: peers see "* NAME left" at once. A second one exits at once.
@@ -358,13 +360,19 @@ struct Chat: AsyncParsableCommand {
 /// worded here — and its answers to invitations.
 ///
 /// In a script, standard output holds only messages (`NAME: TEXT`) and joins and leaves
-/// (`* NAME joined`, `* NAME left`); the rest goes to standard error.
+/// (`* NAME joined`, `* NAME left`); the rest goes to standard error. A name that more than one
+/// peer of this chat has gone by (or that is this peer's own) is followed by the first group of
+/// the peer's id, `NAME [abcd]`, from the moment it is shared, and so is a known name that
+/// arrived with a new key (the WARNING on standard error): a second peer calling itself Alice
+/// cannot pass its lines off as the first one's.
 final class ChatEvents: @unchecked Sendable {
     let console: ChatConsole
     let session: PeerSession
     let acceptAll: Bool
     /// Peers shown as joined (and not since as left).
     private var present: Set<PeerID> = []
+    /// The ids of the peers that joined this chat under each display name.
+    private var namesJoined: [String: Set<Fingerprint>] = [:]
     private let told = ToldProblems()
     private let failures: RecentFailures
 
@@ -396,6 +404,8 @@ final class ChatEvents: @unchecked Sendable {
             case .new:
                 console.status("  new peer \(id.displayName): id \(id.fingerprint.grouped)\(code.map { ", verification code \($0)" } ?? "")")
             case .nameConflict(let others):
+                // From here on its lines carry its id: the name is not enough to tell them apart.
+                namesJoined[id.displayName, default: []].formUnion(others)
                 console.warning("WARNING: \(id.displayName) arrived with a key you have not seen before (id \(id.fingerprint.grouped)); the \(id.displayName) you met earlier had id \(others.map(\.grouped).joined(separator: ", ")). It may be another device, or somebody else: compare the verification code \(code ?? "?") with them before you trust it.")
             }
         case .transport(let notice):
@@ -409,15 +419,26 @@ final class ChatEvents: @unchecked Sendable {
         }
     }
 
+    /// How a peer is named on standard output: its display name, and the first group of its id
+    /// when another peer of this chat, or this peer, goes by that name too.
+    func label(_ id: PeerID) -> String {
+        let name = id.displayName
+        let shared = (namesJoined[name]?.subtracting([id.fingerprint]).isEmpty == false) || name == session.localPeer.displayName
+        return shared ? "\(name) [\(id.fingerprint.grouped.prefix { $0 != "-" })]" : name
+    }
+
     private func show(_ event: PeerSessionEvent) async {
         switch event {
         case .peerStateChanged(let id, .connected, _):
-            if present.insert(id).inserted { console.event("* \(id.displayName) joined") }
+            if present.insert(id).inserted {
+                namesJoined[id.displayName, default: []].insert(id.fingerprint)
+                console.event("* \(label(id)) joined")
+            }
         case .peerStateChanged(let id, _, _):
             // Leaving `connected` is leaving the chat, whether or not a reconnection follows.
-            if present.remove(id) != nil { console.event("* \(id.displayName) left") }
+            if present.remove(id) != nil { console.event("* \(label(id)) left") }
         case .message(let from, let data, _):
-            console.event("\(from.displayName): \(ChatConsole.printable(data))")
+            console.event("\(label(from)): \(ChatConsole.printable(data))")
         case .invitationReceived(let invitation, let from, _):
             if acceptAll {
                 try? await session.respond(to: invitation, accept: true)
@@ -433,7 +454,7 @@ final class ChatEvents: @unchecked Sendable {
             console.status("\(peer.displayName) did not join: \(result)")
         case .peerTransportChanged(let id, let transport, _):
             // The link moved (failover, upgrade, reconnect); the peer never left.
-            if present.contains(id) { console.event("* \(id.displayName) now on \(transport)") }
+            if present.contains(id) { console.event("* \(label(id)) now on \(transport)") }
         case .linkFailed(_, let reason):
             if failures.first(reason) { console.warning("peerlink: \(reason)") }
         }

@@ -90,6 +90,11 @@ struct ChatTrustTests {
         let warning = try await bob.waitForStderrLine(containing: "WARNING", timeout: .seconds(10))
         #expect(warning.contains("Ann arrived with a key you have not seen before"), "\(warning)")
         #expect(!impostor.stderr.contains("WARNING"), "the newcomer never met Bob: nothing to warn about\n\(impostor.stderr)")
+        // From the warning on, the newcomer's lines carry its id: "Ann" alone is not enough.
+        let id = try #require(warning.components(separatedBy: "(id ").dropFirst().first?.prefix { $0 != "-" })
+        impostor.type("it is me, Ann\n")
+        _ = try await bob.waitForLine(containing: "Ann [\(id)]: it is me, Ann", timeout: .seconds(10))
+        #expect(!bob.stdoutLines.contains("Ann: it is me, Ann"), "\(bob.stdout)")
         try await Self.finish(impostor, bob)
     }
 }

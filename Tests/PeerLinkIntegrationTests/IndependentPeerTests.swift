@@ -92,6 +92,50 @@ struct IndependentPeerTests {
         #expect(!chat.stdout.contains("Stranger"), "\(chat.stdout)")
     }
 
+    /// The first group of the fingerprint the independent peer logs for itself.
+    static func idGroup(of peer: ChildProcess) async throws -> String {
+        let line = try await peer.waitForLine(containing: "our fingerprint ", timeout: .seconds(20))
+        let grouped = line.components(separatedBy: "our fingerprint ").last ?? ""
+        return String(grouped.prefix { $0 != "-" })
+    }
+
+    @Test(
+        "two peers going by one name, or by chat's own, are told apart by their ids on standard output",
+        .timeLimit(.minutes(1)),
+        .enabled(if: TestHost.avahiTestsEnabled, "avahi-daemon is not running (chat without --connect needs it to advertise)"))
+    func sharedNamesAreToldApart() async throws {
+        let service = TestHost.uniqueServiceType("i")
+        let chat = try ChildProcess.peerlink(["chat", "--name", "Swift", "--service", service, "--transport", "lan"], withInput: true)
+        defer { chat.terminate() }
+        let listening = try await chat.waitForStderrLine(containing: "Listening on tcp://", timeout: .seconds(30))
+        let port = String((listening.split(separator: ":").last ?? "").prefix { $0.isNumber })
+        try #require(!port.isEmpty, "\(listening)")
+        func twin(_ arguments: [String]) throws -> ChildProcess {
+            try Self.start(["--dial", "127.0.0.1:\(port)", "--service", service, "--auto", "--invite", "--max-time", "20"] + arguments)
+        }
+        let first = try twin(["--name", "Twin", "--say", "from the first", "--linger", "15", "--act", "6:say=the first again", "--act", "8:goaway=0"])
+        defer { first.terminate() }
+        let firstID = try await Self.idGroup(of: first)
+        // Alone under its name, the first is shown as it calls itself.
+        _ = try await chat.waitForLine(containing: "Twin: from the first", timeout: .seconds(20))
+        let second = try twin(["--name", "Twin", "--say", "from the second", "--linger", "3"])
+        defer { second.terminate() }
+        let secondID = try await Self.idGroup(of: second)
+        let mirror = try twin(["--name", "Swift", "--say", "from a mirror", "--linger", "3"])
+        defer { mirror.terminate() }
+        let mirrorID = try await Self.idGroup(of: mirror)
+        _ = try await chat.waitForLine(containing: "Twin [\(secondID)]: from the second", timeout: .seconds(20))
+        _ = try await chat.waitForLine(containing: "Swift [\(mirrorID)]: from a mirror", timeout: .seconds(20))
+        // Once the name is shared, the first one's lines carry its id too.
+        _ = try await chat.waitForLine(containing: "Twin [\(firstID)]: the first again", timeout: .seconds(20))
+        for peer in [first, second, mirror] { _ = try await peer.waitForExit(timeout: .seconds(20)) }
+        #expect(chat.stdoutLines.contains("* Twin joined"), "\(chat.stdout)")
+        #expect(chat.stdoutLines.contains("* Twin [\(secondID)] joined"), "\(chat.stdout)")
+        #expect(chat.stdoutLines.contains("* Swift [\(mirrorID)] joined"), "\(chat.stdout)")
+        #expect(chat.stdoutLines.contains("* Twin [\(firstID)] left"), "\(chat.stdout)")
+        #expect(!chat.stdoutLines.contains { $0.hasPrefix("Twin: ") && $0 != "Twin: from the first" }, "\(chat.stdout)")
+    }
+
     @Test(
         "a pair carried over to a new link: what either side sent and the other never acknowledged arrives once, in order",
         .timeLimit(.minutes(1)))
