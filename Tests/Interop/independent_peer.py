@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """An independent PeerLink peer (link protocol v2), written from the project's articles alone:
 WireFormat (preface, Noise XX handshake, hello, records, frames, sequenced frames and ACK,
-control messages), Sessions (invitations, MEMBERS, JOIN, the automatic session id) and
-Architecture (fingerprints). It shares no code with PeerLink; the integration tests
+streams and their credit, control messages), Sessions (invitations, MEMBERS, JOIN, the
+automatic session id), Files (the resource protocol) and Architecture (fingerprints). It shares no code with PeerLink; the integration tests
 (IndependentPeerTests) chat with `peerlink chat` through it, so an article and the code that
 disagree fail a test. Needs the `noiseprotocol` package (and `cryptography`, which it pulls in);
 Hardware/setup.sh --tests provides a python3 with both.
@@ -18,7 +18,8 @@ Options: --name NAME, --service SVC (chat's default: peerlink), --encryption non
   --invite (we invite instead of waiting for an INVITE), --decline (decline an INVITE),
   --auto / --session-id HEX (our session id: the automatic one of --service, or given),
   --session-field (put our session id, hello field 2, in the hello), --no-incarnation,
-  --act SECONDS:ACTION (repeatable; act or misbehave on purpose, see do_action), --act2 (the
+  --act SECONDS:ACTION (repeatable; act or misbehave on purpose, see do_action, e.g.
+  sendfile=PATH offers a file; a file offered to us is accepted and checked), --act2 (the
   same, for later links), --early (count --act from the handshake, e.g. for "join"), --links N
   with the "drop" action (carry the pair over to a new link), --restart-on-relink (new incarnation),
   --bad magic|verdict|prologue|noname|longname|ctrlname|dupfield|inc0|unknownfield|cutfield|payload1.
@@ -42,6 +43,14 @@ SEQUENCED = {T_DATA, T_WINDOW_UPDATE, T_MESSAGE}
 F_SYN, F_ACK, F_FIN, F_RST, F_MORE = 0x1, 0x2, 0x4, 0x8, 0x10
 
 C_INVITE, C_ACCEPT, C_DECLINE, C_MEMBERS, C_JOIN, C_LEAVE = range(1, 7)
+
+# Files.md, The resource protocol: a stream named peerlink.resource carrying messages of a type
+# byte, a u32 body length (at most 262144) and the body.
+RESOURCE_STREAM = b"peerlink.resource"
+R_OFFER, R_ACCEPT, R_DECLINE, R_DATA, R_VERDICT, R_CANCEL = range(1, 7)
+R_NAMES = {1: "OFFER", 2: "ACCEPT", 3: "DECLINE", 4: "DATA", 5: "VERDICT", 6: "CANCEL"}
+INITIAL_WINDOW = 256 * 1024     # WireFormat.md, Streams: each direction starts with 256 KiB
+MAX_FRAME = 16384
 CTRL_NAMES = {1: "INVITE", 2: "ACCEPT", 3: "DECLINE", 4: "MEMBERS", 5: "JOIN", 6: "LEAVE"}
 
 
@@ -183,6 +192,45 @@ def describe_control(p: bytes) -> str:
     return f"{name} {f.hex()}"
 
 
+def resource_message(rtype: int, body: bytes = b"") -> bytes:
+    return bytes([rtype]) + struct.pack(">I", len(body)) + body
+
+
+def transfer_id(sha: bytes, size: int, name: bytes) -> bytes:
+    """Files.md, Transfer IDs: SHA-256("peerlink.resource" || SHA-256 || size u64 || name)[:16]."""
+    return hashlib.sha256(RESOURCE_STREAM + sha + struct.pack(">Q", size) + name).digest()[:16]
+
+
+class ResourceStream:
+    """One stream of the resource protocol, either direction (Files.md)."""
+
+    def __init__(self, sid, sending, path=None):
+        self.sid = sid
+        self.sending = sending
+        self.inbox = b""              # resource-protocol bytes received, not parsed yet
+        self.credit = INITIAL_WINDOW  # what we may still send on it
+        self.consumed = 0             # bytes we took since our last WINDOW_UPDATE
+        self.finished = False
+        if sending:
+            with open(path, "rb") as f:
+                self.data = f.read()
+            self.name = os.path.basename(path).encode()
+            self.offset = None        # set by the receiver's ACCEPT
+        else:
+            self.expected = None
+            self.received = b""
+
+    def messages(self):
+        while len(self.inbox) >= 5:
+            rtype = self.inbox[0]
+            (n,) = struct.unpack(">I", self.inbox[1:5])
+            if len(self.inbox) < 5 + n:
+                return
+            body = self.inbox[5:5 + n]
+            self.inbox = self.inbox[5 + n:]
+            yield rtype, body
+
+
 # ---------------------------------------------------------------- the peer
 class Peer:
     def __init__(self, args):
@@ -218,6 +266,8 @@ class Peer:
         self.sent_join = False
         self.silent = False       # stop sending anything (keep-alive test)
         self.actions = []         # (time, action) scheduled once connected
+        self.resources = {}       # stream id -> ResourceStream
+        self.last_opened = 0      # the last stream id we opened
         log(f"our fingerprint {fmt_fp(self.fp)}  incarnation {self.incarnation.hex()}")
 
     # -- link setup -------------------------------------------------------
@@ -449,6 +499,7 @@ class Peer:
             if now - start > a.max_time:
                 self.goaway(0, "max time reached")
                 return
+            self.pump_files()
             r, _, _ = select.select([self.sock], [], [], 0.05)
             if not r:
                 continue
@@ -486,6 +537,8 @@ class Peer:
             self.send_message("B" * (n - 4) + "-END")
         elif act.startswith("datagram="):
             self.send(T_DATAGRAM, act[9:].encode())
+        elif act.startswith("sendfile="):
+            self.open_file_stream(act[9:])
         elif act == "leave":
             self.send_control(C_LEAVE, self.session)
         elif act == "silent":
@@ -585,7 +638,114 @@ class Peer:
                     self.done_at = time.monotonic() + self.a.linger
         elif t == T_DATAGRAM:
             log(f"   DATAGRAM: {p!r}")
+        elif t == T_WINDOW_UPDATE and f["stream"] in self.resources:
+            (credit,) = struct.unpack(">I", p)
+            self.resources[f["stream"]].credit += credit
+        elif t == T_DATA:
+            self.on_stream_data(f)
         return False
+
+    # -- files (Files.md) over streams (WireFormat.md, Streams) -------------
+    def open_file_stream(self, path):
+        """Opens a stream of our parity, named peerlink.resource, and offers the file on it."""
+        parity = 1 if self.fp < self.peer_fp else 2
+        sid = self.last_opened + 2 if self.last_opened else parity
+        self.last_opened = sid
+        rs = ResourceStream(sid, True, path)
+        self.resources[sid] = rs
+        sha = hashlib.sha256(rs.data).digest()
+        size = len(rs.data)
+        body = bytes([1]) + transfer_id(sha, size, rs.name) + struct.pack(">Q", size) + sha
+        body += struct.pack(">H", len(rs.name)) + rs.name
+        log(f"=== offering {rs.name.decode()} ({size} bytes) on stream {sid}")
+        self.send(T_DATA, RESOURCE_STREAM, F_SYN, sid)
+        self.stream_write(rs, resource_message(R_OFFER, body))
+
+    def stream_write(self, rs, data):
+        """Writes resource bytes on a stream, in frames of at most 16 KiB, within its credit."""
+        assert len(data) <= rs.credit, "the caller checks credit"
+        for i in range(0, len(data), MAX_FRAME):
+            self.send_frames_quiet(T_DATA, data[i:i + MAX_FRAME], 0, rs.sid)
+        rs.credit -= len(data)
+
+    def send_frames_quiet(self, ftype, payload, flags, stream):
+        """send() without logging each frame (files are many frames)."""
+        self.out_seq += 1
+        frames = [encode_frame(ftype, payload, flags, stream, self.out_seq)]
+        if self.ack_owed and not self.no_ack:
+            frames.append(self.ack_frame())
+        self.send_frames(frames)
+
+    def pump_files(self):
+        """Sends what credit allows of files whose offer was accepted."""
+        for rs in list(self.resources.values()):
+            if not rs.sending or rs.offset is None or rs.finished:
+                continue
+            while rs.offset < len(rs.data) and rs.credit >= 5 + 1:
+                n = min(65536, len(rs.data) - rs.offset, rs.credit - 5)
+                self.stream_write(rs, resource_message(R_DATA, rs.data[rs.offset:rs.offset + n]))
+                rs.offset += n
+
+    def on_stream_data(self, f):
+        sid, flags, p = f["stream"], f["flags"], f["payload"]
+        if flags & F_SYN:
+            if p != RESOURCE_STREAM:
+                log(f"   stream {sid} named {p!r}: not a resource stream, refused")
+                self.send(T_DATA, b"only peerlink.resource here", F_RST, sid)
+                return
+            self.resources[sid] = ResourceStream(sid, False)
+            self.send(T_WINDOW_UPDATE, struct.pack(">I", 0), F_ACK, sid)
+            return
+        rs = self.resources.get(sid)
+        if rs is None:
+            return
+        if flags & F_RST:
+            log(f"   stream {sid} reset by the peer: {p!r}")
+            rs.finished = True
+            return
+        rs.inbox += p
+        if not rs.sending:
+            # WireFormat.md, Credit: grant back what was consumed once it is half the window.
+            rs.consumed += len(p)
+            if rs.consumed >= INITIAL_WINDOW // 2:
+                self.send_frames_quiet(T_WINDOW_UPDATE, struct.pack(">I", rs.consumed), 0, sid)
+                rs.consumed = 0
+        for rtype, body in rs.messages():
+            self.on_resource_message(rs, rtype, body)
+        if flags & F_FIN:
+            log(f"   stream {sid}: the peer finished its side")
+
+    def on_resource_message(self, rs, rtype, body):
+        if rtype != R_DATA:
+            log(f"   resource {R_NAMES.get(rtype, rtype)} on stream {rs.sid}: {body[:80]!r}")
+        if rs.sending:
+            if rtype == R_ACCEPT:
+                (rs.offset,) = struct.unpack(">Q", body)
+            elif rtype == R_DECLINE:
+                log(f"FILE declined: {body[2:].decode(errors='replace')}")
+                rs.finished = True
+            elif rtype == R_VERDICT:
+                log(f"FILE sent, verdict {body[0]}{' (verified)' if body[0] == 0 else ''}")
+                rs.finished = True
+                self.send(T_DATA, b"", F_FIN, rs.sid)
+            return
+        if rtype == R_OFFER:
+            version, tid, size, sha = body[0], body[1:17], struct.unpack(">Q", body[17:25])[0], body[25:57]
+            (n,) = struct.unpack(">H", body[57:59])
+            name = body[59:59 + n]
+            ok = version == 1 and transfer_id(sha, size, name) == tid
+            log(f"FILE offered: {name.decode(errors='replace')} {size} bytes, transfer id {'as derived' if ok else 'NOT as derived'}")
+            rs.expected = (name, size, sha)
+            self.stream_write(rs, resource_message(R_ACCEPT, struct.pack(">Q", 0)))
+        elif rtype == R_DATA:
+            rs.received += body
+            name, size, sha = rs.expected
+            if len(rs.received) == size:
+                good = hashlib.sha256(rs.received).digest() == sha
+                log(f"FILE received: {name.decode(errors='replace')} {size} bytes, SHA-256 {'verified' if good else 'MISMATCH'}")
+                self.stream_write(rs, resource_message(R_VERDICT, bytes([0 if good else 1])))
+                self.send(T_DATA, b"", F_FIN, rs.sid)
+                rs.finished = True
 
     def on_control(self, p):
         ct, f = p[0], p[1:]

@@ -92,6 +92,51 @@ struct IndependentPeerTests {
         #expect(!chat.stdout.contains("Stranger"), "\(chat.stdout)")
     }
 
+    @Test(
+        "files both ways over the resource protocol: offer, credit beyond the first window, SHA-256 verdict",
+        .timeLimit(.minutes(1)))
+    func filesBothWays() async throws {
+        let service = TestHost.uniqueServiceType("i")
+        let source = TestHost.temporaryDirectory("indie-files")
+        let inbox = TestHost.temporaryDirectory("chat-inbox")
+        // Larger than a stream's first window (256 KiB) each way, so credit must come back.
+        func file(_ name: String, size: Int, seed: UInt64) throws -> (String, Data) {
+            var state = seed
+            let bytes = (0..<size).map { _ -> UInt8 in
+                state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+                return UInt8(truncatingIfNeeded: state >> 33)
+            }
+            let path = source + "/" + name
+            try Data(bytes).write(to: URL(fileURLWithPath: path))
+            return (path, Data(bytes))
+        }
+        let (fromIndie, indieBytes) = try file("from-indie.bin", size: 700_001, seed: 1)
+        let (fromChat, _) = try file("from-chat.bin", size: 600_003, seed: 2)
+        let (peer, port) = try await Self.listening([
+            "--name", "Indie", "--service", service, "--act", "1:sendfile=\(fromIndie)", "--max-time", "40",
+        ])
+        defer { peer.terminate() }
+        let chat = try ChildProcess.peerlink(
+            ["chat", "--name", "Swift", "--service", service, "--transport", "lan", "--dir", inbox, "--connect", "tcp://127.0.0.1:\(port)"],
+            withInput: true)
+        defer { chat.terminate() }
+        _ = try await chat.waitForLine(containing: "* Indie joined", timeout: .seconds(20))
+        let saved = try await chat.waitForLine(containing: "* saved ", timeout: .seconds(20))
+        #expect(saved.contains("(from Indie, 700001 bytes, SHA-256 verified)"), "\(saved)")
+        #expect(FileManager.default.contents(atPath: inbox + "/from-indie.bin") == indieBytes)
+        _ = try await peer.waitForLine(containing: "FILE sent, verdict 0 (verified)", timeout: .seconds(10))
+        #expect(peer.stdout.contains("FILE offered") == false, "\(peer.stdout)")
+
+        chat.type("/send \(fromChat)\n")
+        let received = try await peer.waitForLine(containing: "FILE received: ", timeout: .seconds(20))
+        #expect(received.hasSuffix("FILE received: from-chat.bin 600003 bytes, SHA-256 verified"), "\(received)")
+        #expect(peer.stdout.contains("FILE offered: from-chat.bin 600003 bytes, transfer id as derived"), "\(peer.stdout)")
+        _ = try await chat.waitForLine(containing: "* from-chat.bin verified by Indie", timeout: .seconds(10))
+        chat.closeInput()
+        #expect(try await chat.waitForExit() == 0, "\(chat.stderr)")
+        #expect(!peer.stdout.contains("GO_AWAY code=1"), "no protocol error: \(peer.stdout)")
+    }
+
     /// The first group of the fingerprint the independent peer logs for itself.
     static func idGroup(of peer: ChildProcess) async throws -> String {
         let line = try await peer.waitForLine(containing: "our fingerprint ", timeout: .seconds(20))
