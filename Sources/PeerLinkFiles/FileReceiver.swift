@@ -28,6 +28,13 @@ public struct FileReceiver: Sendable {
     public let directory: String
     public var collision: Collision
 
+    /// How many files one peer may have in transfer to a receiver (and its copies) at once, and
+    /// how many all peers together: an accepted offer beyond either is declined at once, saying
+    /// so, before any file is opened (each transfer holds its partial file open).
+    public static let maxTransfersPerPeer = 8
+    public static let maxTransfers = 32
+    let slots = TransferSlots()
+
     public init(directory: String, collision: Collision = .number) {
         self.directory = directory.count > 1 && directory.hasSuffix("/") ? String(directory.dropLast()) : directory
         self.collision = collision
@@ -116,6 +123,20 @@ public struct IncomingFile: Sendable {
             return await refuse("\(name) from \(peer.displayName) is being received already", kind: .protocolError)
         }
         defer { _ = Self.busy.withLock { $0.remove(base) } }
+        // Each transfer holds a partial file open: a peer that offers file after file and sends
+        // none of them must not take every descriptor of the process. (Taken after the claim, so
+        // a re-offer after a lost link finds the slot of the stale receiver it waited for free.)
+        guard let slot = receiver.slots.take(for: peer.fingerprint) else {
+            let under = receiver.slots.count(for: peer.fingerprint)
+            let reason = under >= FileReceiver.maxTransfersPerPeer
+                ? "the receiver takes at most \(FileReceiver.maxTransfersPerPeer) files from one peer at a time: send it again once one has finished"
+                : "the receiver is taking \(FileReceiver.maxTransfers) files at once already: send it again later"
+            await decline(reason: reason)
+            return .failure(TransferFailure(
+                .declined,
+                "declined \(name) from \(peer.displayName): \(under) of their files are being received (at most \(FileReceiver.maxTransfersPerPeer) from one peer and \(FileReceiver.maxTransfers) in all at a time)"))
+        }
+        defer { slot.release() }
         do {
             return .success(try await run(transfer, base: base))
         } catch {
@@ -318,6 +339,40 @@ public struct IncomingFile: Sendable {
             ? "a file named \(name) appeared in \(receiver.directory) meanwhile: the receiver keeps it; the verified copy is kept as \(partPath) — rename it by hand"
             : "\(name) and its numbered alternatives up to 999 exist in \(receiver.directory): clear some of them and send again")
     }
+}
+
+/// The files a receiver (and its copies) is receiving, per sender, bounded by
+/// ``FileReceiver/maxTransfersPerPeer`` and ``FileReceiver/maxTransfers``.
+final class TransferSlots: Sendable {
+    private let taken = Locked<(bySender: [Fingerprint: Int], total: Int)>(([:], 0))
+
+    /// One file's slot, given back with ``release()``.
+    struct Slot: Sendable {
+        let slots: TransferSlots
+        let sender: Fingerprint
+
+        func release() {
+            slots.taken.withLock { taken in
+                let left = taken.bySender[sender, default: 0] - 1
+                taken.bySender[sender] = left > 0 ? left : nil
+                taken.total -= 1
+            }
+        }
+    }
+
+    /// A slot for one more file from `sender`; nil when it has the most a peer may have, or
+    /// the receiver the most in all.
+    func take(for sender: Fingerprint) -> Slot? {
+        taken.withLock { taken -> Slot? in
+            guard taken.total < FileReceiver.maxTransfers, taken.bySender[sender, default: 0] < FileReceiver.maxTransfersPerPeer else { return nil }
+            taken.bySender[sender, default: 0] += 1
+            taken.total += 1
+            return Slot(slots: self, sender: sender)
+        }
+    }
+
+    /// How many files from `sender` are being received.
+    func count(for sender: Fingerprint) -> Int { taken.withLock { $0.bySender[sender, default: 0] } }
 }
 
 /// Space promised to the files being received in this process, per file system, so that offers

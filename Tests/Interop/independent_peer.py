@@ -539,6 +539,11 @@ class Peer:
             self.send(T_DATAGRAM, act[9:].encode())
         elif act.startswith("sendfile="):
             self.open_file_stream(act[9:])
+        elif act.startswith("offers="):
+            # N offers at once, each of a file of SIZE bytes whose data never comes (a hostile
+            # sender holding the receiver's transfers open): offers=N:SIZE
+            count, size = (int(x) for x in act[7:].split(":"))
+            self.offer_without_data(count, size)
         elif act == "leave":
             self.send_control(C_LEAVE, self.session)
         elif act == "silent":
@@ -660,6 +665,22 @@ class Peer:
         log(f"=== offering {rs.name.decode()} ({size} bytes) on stream {sid}")
         self.send(T_DATA, RESOURCE_STREAM, F_SYN, sid)
         self.stream_write(rs, resource_message(R_OFFER, body))
+
+    def offer_without_data(self, count, size):
+        parity = 1 if self.fp < self.peer_fp else 2
+        for k in range(count):
+            sid = self.last_opened + 2 if self.last_opened else parity
+            self.last_opened = sid
+            rs = ResourceStream(sid, False)   # we only read its answers
+            rs.sending, rs.offset, rs.finished = True, None, True
+            self.resources[sid] = rs
+            name = f"held-{k}.bin".encode()
+            sha = hashlib.sha256(str(k).encode()).digest()
+            body = bytes([1]) + transfer_id(sha, size, name) + struct.pack(">Q", size) + sha
+            body += struct.pack(">H", len(name)) + name
+            self.send_frames_quiet(T_DATA, RESOURCE_STREAM, F_SYN, sid)
+            self.stream_write(rs, resource_message(R_OFFER, body))
+        log(f"=== {count} offers of {size} bytes sent, no data will follow")
 
     def stream_write(self, rs, data):
         """Writes resource bytes on a stream, in frames of at most 16 KiB, within its credit."""

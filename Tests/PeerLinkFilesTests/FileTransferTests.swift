@@ -17,13 +17,17 @@ final class FileLab: Sendable {
     private let sink: AsyncStream<FileTransfer>.Continuation
     private let current = Locked<MemoryChannel?>(nil)
     let declineWith: String?
+    /// Who the receiver is told sends (alice unless a test needs a sender of its own).
+    let sender: PeerID
+    private let channels = Locked<[MemoryChannel]>([])
 
-    init(directory: String? = nil, collision: FileReceiver.Collision = .number, declineWith: String? = nil) throws {
+    init(directory: String? = nil, collision: FileReceiver.Collision = .number, declineWith: String? = nil, sender: PeerID = FileLab.alice) throws {
         let directory = try directory ?? Self.temporaryDirectory()
         self.directory = directory
         receiver = FileReceiver(directory: directory, collision: collision)
         (received, sink) = AsyncStream.makeStream(of: FileTransfer.self)
         self.declineWith = declineWith
+        self.sender = sender
     }
 
     static func temporaryDirectory() throws -> String {
@@ -36,11 +40,13 @@ final class FileLab: Sendable {
     @Sendable func open() async throws -> any ResourceChannel {
         let (near, far) = MemoryChannel.pair()
         current.withLock { $0 = near }
+        channels.withLock { $0.append(near) }
         let receiver = self.receiver
         let sink = self.sink
         let declineWith = self.declineWith
+        let sender = self.sender
         Task {
-            guard let incoming = try? await receiver.offer(on: far, from: Self.alice) else { return }
+            guard let incoming = try? await receiver.offer(on: far, from: sender) else { return }
             if let declineWith {
                 await incoming.decline(reason: declineWith)
             } else {
@@ -53,6 +59,25 @@ final class FileLab: Sendable {
     /// Cuts the link under the current channel.
     func cut() {
         current.withLock { $0 }?.cut()
+    }
+
+    /// Cuts the links under every channel opened.
+    func cutAll() {
+        for channel in channels.withLock({ $0 }) { channel.cut() }
+    }
+
+    /// Offers a file of `size` bytes on a new channel and returns the receiver's answer.
+    func offer(name: String, size: UInt64) async throws -> ResourceMessage? {
+        let channel = try await open()
+        let offer = ResourceOffer(transferID: .random(), name: name, size: size, sha256: [UInt8](repeating: 0, count: 32))
+        try await channel.write(try ResourceMessage.offer(offer).encoded())
+        var decoder = ResourceMessageDecoder()
+        var answer: ResourceMessage?
+        while answer == nil, let bytes = try await channel.read() {
+            decoder.append(bytes)
+            answer = try decoder.next()
+        }
+        return answer
     }
 
     func files() throws -> [String] {
@@ -418,6 +443,43 @@ struct FileTransferTests {
         for base in first {
             #expect(!files.contains(base + ResumeBook.partSuffix), "the oldest are removed first: \(base)")
         }
+    }
+
+    @Test func aPeerHoldsAtMostEightTransfersOpenAtOnce() async throws {
+        let mallory = PeerID(fingerprint: Fingerprint(publicKey: [UInt8](repeating: 9, count: 32)), displayName: "mallory")
+        let lab = try FileLab(sender: mallory)
+        // Offers whose data never comes, each holding a partial file open while it waits.
+        for index in 0..<FileReceiver.maxTransfersPerPeer {
+            guard case .accept(offset: 0)? = try await lab.offer(name: "held-\(index)", size: 4096) else {
+                Issue.record("offer \(index) within the limit was not accepted")
+                return
+            }
+        }
+        guard case .decline(let reason)? = try await lab.offer(name: "one-too-many", size: 4096) else {
+            Issue.record("an offer beyond the limit must be declined")
+            return
+        }
+        #expect(reason.contains("at most \(FileReceiver.maxTransfersPerPeer) files from one peer at a time"), "\(reason)")
+        var iterator = lab.received.makeAsyncIterator()
+        var declined: TransferFailure?
+        for _ in 0...FileReceiver.maxTransfersPerPeer {
+            guard let transfer = await iterator.next() else { break }
+            if transfer.name == "one-too-many" { declined = await transfer.failure() }
+        }
+        #expect(declined?.kind == .declined)
+        #expect(declined?.message.contains("declined one-too-many from mallory") == true, "\(declined?.message ?? "")")
+        #expect(try lab.files().count { $0.hasSuffix(ResumeBook.partSuffix) } == FileReceiver.maxTransfersPerPeer, "no partial file for the declined one")
+        // Once the held transfers end, the peer may send again.
+        lab.cutAll()
+        let (path, sha) = try FileLab.makeFile(size: 4096, name: "later.bin")
+        var sent = false
+        for _ in 0..<50 where !sent {
+            let sending = FileSender().send(try await OutgoingFile.prepare(path: path), to: FileLab.bob, open: lab.open)
+            sent = (try? await sending.result().get()) == .sent
+            if !sent { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(sent)
+        #expect(try FileLab.sha(of: lab.directory + "/later.bin") == sha)
     }
 
     @Test func lostLinkThatDoesNotComeBackFailsSayingHowToResume() async throws {

@@ -1,4 +1,5 @@
 import Foundation
+import PeerLink
 import Testing
 
 /// `peerlink chat` against a peer written in Python from the articles alone
@@ -135,6 +136,38 @@ struct IndependentPeerTests {
         chat.closeInput()
         #expect(try await chat.waitForExit() == 0, "\(chat.stderr)")
         #expect(!peer.stdout.contains("GO_AWAY code=1"), "no protocol error: \(peer.stdout)")
+    }
+
+    @Test(
+        "a peer that offers 60 files at once and sends none of them: 8 are taken, the rest declined, descriptors stay bounded",
+        .timeLimit(.minutes(1)))
+    func offersWithoutDataAreBounded() async throws {
+        let service = TestHost.uniqueServiceType("i")
+        let inbox = TestHost.temporaryDirectory("chat-inbox")
+        let (peer, port) = try await Self.listening([
+            "--name", "Hoarder", "--service", service, "--act", "1:offers=60:100000", "--act", "6:goaway=0", "--max-time", "30",
+        ])
+        defer { peer.terminate() }
+        let chat = try ChildProcess.peerlink(
+            ["chat", "--name", "Swift", "--service", service, "--transport", "lan", "--dir", inbox, "--connect", "tcp://127.0.0.1:\(port)"],
+            withInput: true)
+        defer { chat.terminate() }
+        _ = try await chat.waitForLine(containing: "* Hoarder joined", timeout: .seconds(20))
+        let before = try #require(HostileChatTests.openDescriptors(chat.pid))
+        _ = try await peer.waitForLine(containing: "=== 60 offers of 100000 bytes sent", timeout: .seconds(10))
+        let deadline = ContinuousClock.now + .seconds(15)
+        while Self.count("resource DECLINE", in: peer.stdoutLines) < 60 - FileReceiver.maxTransfersPerPeer, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(Self.count("resource DECLINE", in: peer.stdoutLines) == 60 - FileReceiver.maxTransfersPerPeer, "\(peer.stdout)")
+        #expect(Self.count("resource ACCEPT", in: peer.stdoutLines) == FileReceiver.maxTransfersPerPeer, "\(peer.stdout)")
+        #expect(peer.stdout.contains("at most \(FileReceiver.maxTransfersPerPeer) files from one peer at a time"), "\(peer.stdout)")
+        let during = try #require(HostileChatTests.openDescriptors(chat.pid))
+        #expect(during <= before + FileReceiver.maxTransfersPerPeer + 4, "descriptors: \(before) before, \(during) during")
+        let partial = try FileManager.default.contentsOfDirectory(atPath: inbox).filter { $0.hasSuffix(".part") }
+        #expect(partial.count == FileReceiver.maxTransfersPerPeer, "\(partial)")
+        _ = try await chat.waitForLine(containing: "* Hoarder left", timeout: .seconds(20))
+        #expect(chat.isRunning, "chat goes on")
     }
 
     /// The first group of the fingerprint the independent peer logs for itself.
