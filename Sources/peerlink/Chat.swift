@@ -89,6 +89,11 @@ struct Chat: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Listen for L2CAP links on this PSM, 0x1001 and up, odd (default: a free one).", valueName: "psm"))
     var l2capPsm: String?
 
+    @Option(help: ArgumentHelp(
+        "Listen for TCP links on this port, 1 to 65535 (default: a free one): for a firewall, or for peers that --connect to a known port.",
+        valueName: "port"))
+    var port: Int?
+
     func validate() throws {
         do {
             _ = try DisplayName(name)
@@ -117,6 +122,9 @@ struct Chat: AsyncParsableCommand {
             }
         }
         try validateAdapter(adapter)
+        if let port, !(1...65535).contains(port) {
+            throw ArgumentParser.ValidationError("--port must be 1 to 65535, not \(port) (leave it out for any free port)")
+        }
         if let rfcommChannel, RFCOMMChannel(rfcommChannel) == nil {
             throw ArgumentParser.ValidationError("--rfcomm-channel must be 1 to 30, not \(rfcommChannel)")
         }
@@ -141,11 +149,13 @@ struct Chat: AsyncParsableCommand {
         }
     }
 
-    /// The transports chosen, the Bluetooth one configured with the options.
+    /// The transports chosen, the Bluetooth one (and with --port the LAN one) configured with the options.
     func choice(logger: Logger) -> TransportChoice {
-        transports.transport.configuring(
+        let choice = transports.transport.configuring(
             bluetoothModule(
                 adapter: adapter, channel: rfcommChannel.flatMap(RFCOMMChannel.init), psm: l2capPsm.flatMap(L2CAPPSM.init), logger: logger))
+        guard let port else { return choice }
+        return choice.configuring(LANTransportModule(port: UInt16(port), logger: logger))
     }
 
     /// `--connect`'s text as an endpoint, read by the schemes of every standard transport and of

@@ -35,6 +35,8 @@ struct InvalidInput: Sendable, CustomTestStringConvertible {
         InvalidInput("--info set over 400 bytes", ["advertise", "--name", "A"] + (1...3).flatMap { ["--info", "k\($0)=" + String(repeating: "v", count: 150)] }, rule: "at most 400 bytes"),
         InvalidInput("scan --timeout 0", ["scan", "--lan", "--timeout", "0"], rule: "--timeout must be more than 0"),
         InvalidInput("scan --timeout -1", ["scan", "--lan", "--timeout=-1"], rule: "--timeout must be more than 0"),
+        InvalidInput("chat --port 70000", ["chat", "--name", "A", "--port", "70000"], rule: "--port must be 1 to 65535, not 70000"),
+        InvalidInput("chat --port 0", ["chat", "--name", "A", "--port", "0"], rule: "--port must be 1 to 65535, not 0"),
     ]
 }
 

@@ -170,6 +170,56 @@ struct IndependentPeerTests {
         #expect(chat.isRunning, "chat goes on")
     }
 
+    /// A TCP port on 127.0.0.1 that nothing listens on right now.
+    static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        try #require(fd >= 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+        }
+        try #require(bound, "bind: errno \(errno)")
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    @Test(
+        "chat --port listens where it is told: the peer dials that port; a port in use is one clear line",
+        .timeLimit(.minutes(1)))
+    func chatOnAPortOfItsChoice() async throws {
+        let service = TestHost.uniqueServiceType("i")
+        // Chat needs a peer to reach without avahi: the independent peer listens, chat dials it
+        // and listens on the port it was given, where a second independent peer dials in.
+        let (anchor, anchorPort) = try await Self.listening(["--name", "Anchor", "--service", service, "--auto", "--max-time", "20"])
+        defer { anchor.terminate() }
+        let port = try Self.freePort()
+        let chat = try ChildProcess.peerlink(
+            ["chat", "--name", "Swift", "--service", service, "--transport", "lan", "--port", String(port), "--connect", "tcp://127.0.0.1:\(anchorPort)"],
+            withInput: true)
+        defer { chat.terminate() }
+        let listening = try await chat.waitForStderrLine(containing: "Listening on tcp://", timeout: .seconds(30))
+        #expect(listening.hasSuffix(":\(port)"), "\(listening)")
+        let peer = try Self.start([
+            "--dial", "127.0.0.1:\(port)", "--name", "Indie", "--service", service, "--auto", "--invite",
+            "--say", "dialled the port chat was given", "--linger", "2", "--max-time", "20",
+        ])
+        defer { peer.terminate() }
+        _ = try await chat.waitForLine(containing: "Indie: dialled the port chat was given", timeout: .seconds(20))
+
+        // A second chat asked for the same port: the LAN cannot run, and it says why.
+        let second = try ChildProcess.peerlink(
+            ["chat", "--name", "Other", "--service", service, "--transport", "lan", "--port", String(port), "--connect", "tcp://127.0.0.1:\(anchorPort)"],
+            withInput: true)
+        defer { second.terminate() }
+        let line = try await second.waitForStderrLine(containing: "already in use", timeout: .seconds(30))
+        #expect(line.contains("\(port)") && line.contains("choose another port"), "\(line)")
+        second.closeInput()
+        #expect(try await second.waitForExit() != 0, "\(second.stderr)")
+    }
+
     /// The first group of the fingerprint the independent peer logs for itself.
     static func idGroup(of peer: ChildProcess) async throws -> String {
         let line = try await peer.waitForLine(containing: "our fingerprint ", timeout: .seconds(20))
