@@ -539,6 +539,14 @@ class Peer:
             self.send(T_DATAGRAM, act[9:].encode())
         elif act.startswith("sendfile="):
             self.open_file_stream(act[9:])
+        elif act.startswith("overrun="):
+            # a new stream written past the receiver's first window without waiting for credit
+            parity = 1 if self.fp < self.peer_fp else 2
+            sid = self.last_opened + 2 if self.last_opened else parity
+            self.last_opened = sid
+            self.send_frames_quiet(T_DATA, RESOURCE_STREAM, F_SYN, sid)
+            for _ in range(int(act[8:]) // MAX_FRAME):
+                self.send_frames_quiet(T_DATA, bytes(MAX_FRAME), 0, sid)
         elif act.startswith("offers="):
             # N offers at once, each of a file of SIZE bytes whose data never comes (a hostile
             # sender holding the receiver's transfers open): offers=N:SIZE
