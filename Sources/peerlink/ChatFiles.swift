@@ -52,6 +52,8 @@ final class ChatFiles: @unchecked Sendable {
     /// Accepts every file a chat peer sends (they are members of the chat already) and saves it
     /// with `receiver`, printing where.
     static func receive(session: PeerSession, receiver: FileReceiver, console: ChatConsole) async {
+        // Peers whose offers were declined in the last seconds for having too many in transfer.
+        let crowded = RecentFailures()
         // Discarding: a finished transfer leaves nothing in the group.
         await withDiscardingTaskGroup { group in
             for await stream in session.incomingStreams {
@@ -62,13 +64,23 @@ final class ChatFiles: @unchecked Sendable {
                 group.addTask {
                     guard let incoming = try? await receiver.offer(on: stream) else { return }
                     let from = incoming.peer.displayName
-                    console.status("receiving \(incoming.name) (\(TransferProgressView.bytes(incoming.size))) from \(from)")
                     let view = TransferProgressView(bar: false, output: { console.status($0) })
-                    switch await view.follow(incoming.accept(), label: "\(incoming.name) from \(from)") {
+                    // "receiving" once the offer is taken (its first progress): an offer declined
+                    // at once gets no line of its own.
+                    let started = {
+                        console.status("receiving \(incoming.name) (\(TransferProgressView.bytes(incoming.size))) from \(from)")
+                    }
+                    switch await view.follow(incoming.accept(), label: "\(incoming.name) from \(from)", started: started) {
                     case .success(.received(let path)):
                         console.event("* saved \(path) (from \(from), \(incoming.size) bytes, SHA-256 verified)")
                     case .success(.sent):
                         break
+                    case .failure(let failure) where failure.kind == .declined:
+                        // Declined because the peer has as many files in transfer as a receiver
+                        // takes: one line per peer every few seconds (a peer may offer hundreds).
+                        if crowded.first(incoming.peer.fingerprint.value) {
+                            console.warning("peerlink: \(failure.message); more offers of theirs declined in the next 2 s get no line")
+                        }
                     case .failure(let failure):
                         console.warning("peerlink: \(incoming.name) from \(from): \(failure.message)")
                     }

@@ -10,11 +10,16 @@ struct TransferProgressView: Sendable {
     let output: @Sendable (String) -> Void
 
     /// Follows `transfer` until it ends; returns how it ended.
-    func follow(_ transfer: FileTransfer, label: String) async -> Result<TransferOutcome, TransferFailure> {
+    func follow(_ transfer: FileTransfer, label: String, started: () -> Void = {}) async -> Result<TransferOutcome, TransferFailure> {
         let clock = ContinuousClock()
         var lastLine = clock.now - .seconds(10)
         var lastPercent = -1
+        var first = true
         let failure = await Self.drain(transfer.updates) { progress in
+            if first {
+                first = false
+                started()
+            }
             if bar {
                 // Redrawn at most ten times a second, and at the end.
                 let percent = Int(progress.fraction * 1000)

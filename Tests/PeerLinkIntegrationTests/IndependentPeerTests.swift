@@ -168,6 +168,10 @@ struct IndependentPeerTests {
         #expect(partial.count == FileReceiver.maxTransfersPerPeer, "\(partial)")
         _ = try await chat.waitForLine(containing: "* Hoarder left", timeout: .seconds(20))
         #expect(chat.isRunning, "chat goes on")
+        // What the user reads: a line for each file taken, a few for the declined ones.
+        #expect(Self.count("receiving held-", in: chat.stderrLines) == FileReceiver.maxTransfersPerPeer, "\(chat.stderr)")
+        let declines = Self.count("declined held-", in: chat.stderrLines)
+        #expect(declines >= 1 && declines <= 4, "\(chat.stderr)")
     }
 
     /// A TCP port on 127.0.0.1 that nothing listens on right now.
