@@ -68,8 +68,12 @@ final class FileLab: Sendable {
 
     /// Offers a file of `size` bytes on a new channel and returns the receiver's answer.
     func offer(name: String, size: UInt64) async throws -> ResourceMessage? {
+        try await offer(ResourceOffer(transferID: .random(), name: name, size: size, sha256: [UInt8](repeating: 0, count: 32)))
+    }
+
+    /// Makes `offer` on a new channel and returns the receiver's answer.
+    func offer(_ offer: ResourceOffer) async throws -> ResourceMessage? {
         let channel = try await open()
-        let offer = ResourceOffer(transferID: .random(), name: name, size: size, sha256: [UInt8](repeating: 0, count: 32))
         try await channel.write(try ResourceMessage.offer(offer).encoded())
         var decoder = ResourceMessageDecoder()
         var answer: ResourceMessage?
@@ -359,15 +363,7 @@ struct FileTransferTests {
     /// declined before anything is written, saying why on both sides; the space is not promised.
     @Test func anOfferTheDiskCannotHoldIsDeclined() async throws {
         let lab = try FileLab()
-        let channel = try await lab.open()
-        let offer = ResourceOffer(transferID: .random(), name: "huge.bin", size: .max, sha256: [UInt8](repeating: 0, count: 32))
-        try await channel.write(try ResourceMessage.offer(offer).encoded())
-        var decoder = ResourceMessageDecoder()
-        var answer: ResourceMessage?
-        while answer == nil, let bytes = try await channel.read() {
-            decoder.append(bytes)
-            answer = try decoder.next()
-        }
+        let answer = try await lab.offer(name: "huge.bin", size: .max)
         guard case .decline(let reason)? = answer else {
             Issue.record("expected a decline, got \(String(describing: answer))")
             return
@@ -417,15 +413,8 @@ struct FileTransferTests {
         let count = ResumeBook.keptPerSender + 4
         var first: [String] = []
         for index in 0..<count {
-            let channel = try await lab.open()
             let offer = ResourceOffer(transferID: .random(), name: "f\(index)", size: 4096, sha256: [UInt8](repeating: 0, count: 32))
-            try await channel.write(try ResourceMessage.offer(offer).encoded())
-            var decoder = ResourceMessageDecoder()
-            var answer: ResourceMessage?
-            while answer == nil, let bytes = try await channel.read() {
-                decoder.append(bytes)
-                answer = try decoder.next()
-            }
+            let answer = try await lab.offer(offer)
             guard case .accept(offset: 0)? = answer else {
                 Issue.record("expected an accept at 0, got \(String(describing: answer))")
                 return

@@ -29,6 +29,17 @@ struct IndependentPeerTests {
         return (peer, port)
     }
 
+    /// `peerlink chat --name Swift` on the LAN (advertised, so avahi-daemon must run), and the
+    /// TCP port it says it listens on.
+    static func chatListening(service: String) async throws -> (ChildProcess, String) {
+        let chat = try ChildProcess.peerlink(["chat", "--name", "Swift", "--service", service, "--transport", "lan"], withInput: true)
+        let listening = try await chat.waitForStderrLine(containing: "Listening on tcp://", timeout: .seconds(30))
+        let port = String((listening.split(separator: ":").last ?? "").prefix { $0.isNumber })
+        if port.isEmpty { chat.terminate() }
+        try #require(!port.isEmpty, "\(listening)")
+        return (chat, port)
+    }
+
     /// How many lines of `process`'s standard output contain `text`.
     static func count(_ text: String, in lines: [String]) -> Int { lines.count { $0.contains(text) } }
 
@@ -65,11 +76,8 @@ struct IndependentPeerTests {
         .enabled(if: TestHost.avahiTestsEnabled, "avahi-daemon is not running (chat without --connect needs it to advertise)"))
     func itDialsChat() async throws {
         let service = TestHost.uniqueServiceType("i")
-        let chat = try ChildProcess.peerlink(["chat", "--name", "Swift", "--service", service, "--transport", "lan"], withInput: true)
+        let (chat, port) = try await Self.chatListening(service: service)
         defer { chat.terminate() }
-        let listening = try await chat.waitForStderrLine(containing: "Listening on tcp://", timeout: .seconds(30))
-        let port = String((listening.split(separator: ":").last ?? "").prefix { $0.isNumber })
-        try #require(!port.isEmpty, "\(listening)")
         // An invitation into a session of its own (a random id): chat, in automatic mode, declines it.
         let stranger = try Self.start([
             "--dial", "127.0.0.1:\(port)", "--name", "Stranger", "--service", service, "--invite", "--max-time", "2",
@@ -237,11 +245,8 @@ struct IndependentPeerTests {
         .enabled(if: TestHost.avahiTestsEnabled, "avahi-daemon is not running (chat without --connect needs it to advertise)"))
     func sharedNamesAreToldApart() async throws {
         let service = TestHost.uniqueServiceType("i")
-        let chat = try ChildProcess.peerlink(["chat", "--name", "Swift", "--service", service, "--transport", "lan"], withInput: true)
+        let (chat, port) = try await Self.chatListening(service: service)
         defer { chat.terminate() }
-        let listening = try await chat.waitForStderrLine(containing: "Listening on tcp://", timeout: .seconds(30))
-        let port = String((listening.split(separator: ":").last ?? "").prefix { $0.isNumber })
-        try #require(!port.isEmpty, "\(listening)")
         func twin(_ arguments: [String]) throws -> ChildProcess {
             try Self.start(["--dial", "127.0.0.1:\(port)", "--service", service, "--auto", "--invite", "--max-time", "20"] + arguments)
         }
