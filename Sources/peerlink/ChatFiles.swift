@@ -52,8 +52,7 @@ final class ChatFiles: @unchecked Sendable {
     /// Accepts every file a chat peer sends (they are members of the chat already) and saves it
     /// with `receiver`, printing where.
     static func receive(session: PeerSession, receiver: FileReceiver, console: ChatConsole) async {
-        // Peers whose offers were declined in the last seconds for having too many in transfer.
-        let crowded = RecentFailures()
+        let crowded = CrowdedSenders()
         // Discarding: a finished transfer leaves nothing in the group.
         await withDiscardingTaskGroup { group in
             for await stream in session.incomingStreams {
@@ -76,16 +75,24 @@ final class ChatFiles: @unchecked Sendable {
                     case .success(.sent):
                         break
                     case .failure(let failure) where failure.kind == .declined:
-                        // Declined because the peer has as many files in transfer as a receiver
-                        // takes: one line per peer every few seconds (a peer may offer hundreds).
-                        if crowded.first(incoming.peer.fingerprint.value) {
-                            console.warning("peerlink: \(failure.message); more offers of theirs declined in the next 2 s get no line")
-                        }
+                        crowded.tell(failure, from: incoming.peer, on: console)
                     case .failure(let failure):
                         console.warning("peerlink: \(incoming.name) from \(from): \(failure.message)")
                     }
                 }
             }
         }
+    }
+}
+
+/// Offers a receiver declined because their sender has as many files in transfer as it takes
+/// (``FileReceiver/maxTransfersPerPeer``): one line per sender every 2 s, not one per offer (a
+/// peer may offer hundreds).
+final class CrowdedSenders: Sendable {
+    private let recent = RecentFailures()
+
+    func tell(_ failure: TransferFailure, from peer: PeerID, on console: ChatConsole) {
+        guard recent.first(peer.fingerprint.value) else { return }
+        console.warning("peerlink: \(failure.message); more offers of theirs declined in the next 2 s get no line")
     }
 }

@@ -90,6 +90,7 @@ struct Receive: AsyncParsableCommand {
             }
             group.addTask {
                 // Discarding: a finished transfer leaves nothing in the group.
+                let crowded = CrowdedSenders()
                 await withDiscardingTaskGroup { transfers in
                     for await stream in session.incomingStreams {
                         guard stream.name == ResourceProtocol.streamName else {
@@ -113,15 +114,17 @@ struct Receive: AsyncParsableCommand {
                                     return
                                 }
                             }
-                            console.status("receiving \(what)")
                             let transfer = incoming.accept()
                             let view = TransferProgressView(bar: false, output: { console.status($0) })
-                            switch await view.follow(transfer, label: incoming.name) {
+                            // "receiving" once the offer is taken: one declined at once gets no line.
+                            switch await view.follow(transfer, label: incoming.name, started: { console.status("receiving \(what)") }) {
                             case .success(.received(let path)):
                                 console.event("saved \(path) (\(incoming.size) bytes from \(from), SHA-256 verified)")
                                 received.add()
                             case .success(.sent):
                                 break
+                            case .failure(let failure) where failure.kind == .declined:
+                                crowded.tell(failure, from: incoming.peer, on: console)
                             case .failure(let failure):
                                 console.warning("peerlink: \(incoming.name) from \(from): \(failure.message)")
                             }
