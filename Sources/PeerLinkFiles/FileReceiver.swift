@@ -308,11 +308,11 @@ public struct IncomingFile: Sendable {
     /// transfers here as a receiver keeps (``PeerLinkCore/ResumeBook/keptPerSender``,
     /// ``PeerLinkCore/ResumeBook/keptInDirectory``).
     private func makeRoomForAnotherPartial(base: String) {
-        var kept: [ResumeBook.Kept] = []
-        let entries = PosixFile.entries(in: receiver.directory) { ResumeBook.keptTransfer(named: $0) != nil } ?? []
-        for entry in entries {
-            guard let found = ResumeBook.keptTransfer(named: entry.name) else { continue }
-            kept.append(ResumeBook.Kept(base: receiver.path(found.base), sender: found.sender, modified: entry.modified))
+        let entries = PosixFile.entries(in: receiver.directory) { $0.hasPrefix(ResumeBook.partialPrefix) } ?? []
+        let kept = entries.compactMap { entry in
+            ResumeBook.keptTransfer(named: entry.name).map {
+                ResumeBook.Kept(base: receiver.path($0.base), sender: $0.sender, modified: entry.modified)
+            }
         }
         let busy = Self.busy.withLock { $0 }
         for stale in ResumeBook.toRemove(beforeStarting: base, from: peer.fingerprint.value, kept: kept, busy: busy) {

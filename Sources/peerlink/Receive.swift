@@ -89,8 +89,8 @@ struct Receive: AsyncParsableCommand {
                 return nil
             }
             group.addTask {
-                // Discarding: a finished transfer leaves nothing in the group.
                 let crowded = CrowdedSenders()
+                // Discarding: a finished transfer leaves nothing in the group.
                 await withDiscardingTaskGroup { transfers in
                     for await stream in session.incomingStreams {
                         guard stream.name == ResourceProtocol.streamName else {

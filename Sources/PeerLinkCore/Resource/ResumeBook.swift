@@ -14,8 +14,11 @@ public enum ResumeBook {
     /// `.peerlink-<fingerprint>-<transfer id>`, hidden, and never a name
     /// ``ResourceName/sanitized(_:)`` produces (sanitised names never start with a dot).
     public static func partialName(sender: Fingerprint, transfer: TransferID) -> String {
-        ".peerlink-\(sender.value)-\(transfer.hex)"
+        "\(partialPrefix)\(sender.value)-\(transfer.hex)"
     }
+
+    /// How every partial file's name starts.
+    public static let partialPrefix = ".peerlink-"
 
     public static let partSuffix = ".part"
     public static let metaSuffix = ".meta"
@@ -55,9 +58,8 @@ public enum ResumeBook {
         } else {
             return nil
         }
-        let prefix = ".peerlink-"
-        guard base.hasPrefix(prefix) else { return nil }
-        let rest = base.dropFirst(prefix.count).split(separator: "-", omittingEmptySubsequences: false)
+        guard base.hasPrefix(partialPrefix) else { return nil }
+        let rest = base.dropFirst(partialPrefix.count).split(separator: "-", omittingEmptySubsequences: false)
         guard rest.count == 2, Fingerprint(String(rest[0]))?.value == String(rest[0]),
             rest[1].count == TransferID.byteCount * 2, rest[1].allSatisfy(\.isHexDigit)
         else { return nil }
