@@ -437,6 +437,17 @@ final class ChatEvents: @unchecked Sendable {
         return shared ? "\(name) [\(id.fingerprint.grouped.prefix { $0 != "-" })]" : name
     }
 
+    /// Why a peer left, when that is worth a line on standard error: not for a peer that said
+    /// goodbye (`GO_AWAY` 0, `LEAVE`) or when this chat is the one leaving; yes for a link that
+    /// failed, was closed for a protocol error, or could not be made again.
+    static func leaveNote(_ reason: String?) -> String? {
+        guard let reason, !reason.isEmpty else { return nil }
+        let ordinary = [
+            "code \(GoAwayCode.normal)", "it left the session", "the local peer left the session",
+        ]
+        return ordinary.contains { reason.contains($0) } ? nil : reason
+    }
+
     private func show(_ event: PeerSessionEvent) async {
         switch event {
         case .peerStateChanged(let id, .connected, _):
@@ -444,9 +455,12 @@ final class ChatEvents: @unchecked Sendable {
                 namesJoined[id.displayName, default: []].insert(id.fingerprint)
                 console.event("* \(label(id)) joined")
             }
-        case .peerStateChanged(let id, _, _):
+        case .peerStateChanged(let id, _, let reason):
             // Leaving `connected` is leaving the chat, whether or not a reconnection follows.
-            if present.remove(id) != nil { console.event("* \(label(id)) left") }
+            if present.remove(id) != nil {
+                console.event("* \(label(id)) left")
+                if let note = Self.leaveNote(reason) { console.warning("peerlink: \(label(id)) left: \(note)") }
+            }
         case .message(let from, let data, _):
             console.event("\(label(from)): \(ChatConsole.printable(data))")
         case .invitationReceived(let invitation, let from, _):

@@ -418,7 +418,7 @@ class Peer:
     def send_frames(self, frames, keep=True):
         if keep:
             for fr in frames:
-                if fr[1] in SEQUENCED:
+                if len(fr) >= 20 and fr[1] in SEQUENCED:
                     self.kept.append((struct.unpack(">Q", fr[12:20])[0], fr))
         if self.phantom:
             frames = [fr for fr in frames if fr[1] not in SEQUENCED]

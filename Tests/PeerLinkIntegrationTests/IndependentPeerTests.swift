@@ -63,6 +63,7 @@ struct IndependentPeerTests {
         #expect(chat.stdoutLines.contains("Indie: hello from an independent peer"), "\(chat.stdout)")
         _ = try await chat.waitForLine(containing: "* Indie left", timeout: .seconds(15))
         #expect(try await peer.waitForExit(timeout: .seconds(15)) == 0, "\(peer.stdout)")
+        #expect(!chat.stderr.contains("Indie left:"), "a goodbye needs no reason: \(chat.stderr)")
         #expect(peer.stdout.contains("encryption on this link: \(encryption == "none" ? "off" : "on")"), "\(peer.stdout)")
         #expect(Self.count("complete: b'hello from swift'", in: peer.stdoutLines) == 1, "\(peer.stdout)")
         #expect(!peer.stdout.contains("LINK ENDED"), "the link ended before GO_AWAY: \(peer.stdout)")
@@ -308,5 +309,67 @@ struct IndependentPeerTests {
         let two = peer.stdoutLines.firstIndex { $0.contains("complete: b'two'") } ?? .min
         #expect(one < two, "in order: \(peer.stdout)")
         #expect(!chat.stdout.contains("* Indie left\n* Indie joined"), "the peer never left between the links: \(chat.stdout)")
+    }
+
+    /// What a peer does wrong after its first line, and whether chat must end its link for it
+    /// (`GO_AWAY` 1, a protocol error) or drop the frame and go on (the Wire Format article).
+    /// (Bytes over a stream's window are left to `LinkTests`: chat's file receiver resets a
+    /// stream of garbage at once, and frames for a reset stream are ignored, as they must be.)
+    static let misbehaviours: [(act: String, closes: Bool)] = [
+        ("unknown_type", true),  // frame type 9
+        ("bad_version", true),  // a frame header of version 3
+        ("badping", true),  // a PING of 4 bytes, not 8
+        ("cut_record", true),  // a record whose last frame runs past its end
+        ("empty_record", true),  // a record under the minimum length
+        ("bad_ack", true),  // an ACK of frames never sent
+        ("gap", false),  // a sequence number that skips one: dropped
+        ("dup", false),  // the last sequenced frame again: dropped
+    ]
+
+    @Test(
+        "a peer that breaks the wire format loses its own link, with code and reason; what it sent before arrives, another peer chats on",
+        .timeLimit(.minutes(1)), arguments: misbehaviours.map(\.act))
+    func aMisbehavingPeerAffectsOnlyItself(act: String) async throws {
+        let closes = try #require(Self.misbehaviours.first { $0.act == act }).closes
+        let service = TestHost.uniqueServiceType("i")
+        let (anchor, anchorPort) = try await Self.listening([
+            "--name", "Anchor", "--service", service, "--auto", "--reply", "--max-time", "40",
+        ])
+        defer { anchor.terminate() }
+        let port = try Self.freePort()
+        let chat = try ChildProcess.peerlink(
+            ["chat", "--name", "Swift", "--service", service, "--transport", "lan", "--port", String(port), "--connect", "tcp://127.0.0.1:\(anchorPort)"],
+            withInput: true)
+        defer { chat.terminate() }
+        _ = try await chat.waitForLine(containing: "* Anchor joined", timeout: .seconds(20))
+        let peer = try Self.start([
+            "--dial", "127.0.0.1:\(port)", "--name", "Rogue", "--service", service, "--auto", "--invite",
+            "--say", "sent before misbehaving", "--act", "1.5:\(act)", "--act", "2.5:say=sent after misbehaving", "--max-time", "8",
+        ])
+        defer { peer.terminate() }
+        _ = try await chat.waitForLine(containing: "Rogue: sent before misbehaving", timeout: .seconds(20))
+        _ = try await peer.waitForLine(containing: "=== action \(act)", timeout: .seconds(10))
+        if closes {
+            let goAway = try await peer.waitForLine(containing: "peer said GO_AWAY code=1 ", timeout: .seconds(10))
+            #expect(goAway.contains("reason='") && !goAway.contains("reason=''"), "a reason comes with the code: \(goAway)")
+        } else {
+            _ = try await chat.waitForLine(containing: "Rogue: sent after misbehaving", timeout: .seconds(10))
+            #expect(!peer.stdout.contains("GO_AWAY code="), "\(peer.stdout)")
+        }
+        // The other peer chats on, and chat still takes lines.
+        chat.type("still here\n")
+        _ = try await chat.waitForLine(containing: "Anchor: echo: still here", timeout: .seconds(10))
+        #expect(Self.count("Rogue: sent before misbehaving", in: chat.stdoutLines) == 1, "\(chat.stdout)")
+        #expect(!chat.stdout.contains("after a gap") && !chat.stdout.contains("Rogue: duplicate"), "\(chat.stdout)")
+        if closes {
+            #expect(!chat.stdout.contains("Rogue: sent after misbehaving"), "\(chat.stdout)")
+            // the user learns why it left, on standard error (standard output keeps its format)
+            let left = try await chat.waitForStderrLine(containing: "peerlink: Rogue left: ", timeout: .seconds(10))
+            #expect(left.contains("code 1 (protocol error)"), "\(left)")
+            #expect(Self.count("* Rogue left", in: chat.stdoutLines) == 1, "\(chat.stdout)")
+        }
+        #expect(chat.isRunning, "chat goes on: \(chat.stderr)")
+        chat.closeInput()
+        #expect(try await chat.waitForExit() == 0, "\(chat.stderr)")
     }
 }
