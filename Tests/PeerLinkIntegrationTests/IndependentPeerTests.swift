@@ -372,4 +372,70 @@ struct IndependentPeerTests {
         chat.closeInput()
         #expect(try await chat.waitForExit() == 0, "\(chat.stderr)")
     }
+
+    /// What a dialling peer gets wrong in its preface or handshake (independent_peer.py
+    /// `--bad`), and what chat says on standard error when it refuses the link; nil: nothing is
+    /// wrong that chat must refuse (a hello field it does not know, a payload in the first
+    /// handshake message: both ignored), so the peer joins.
+    static let badHandshakes: [(bad: String, refusal: String?)] = [
+        ("magic", "not a PeerLink peer (code 1 (protocol error))"),
+        ("verdict", "testing a refusal verdict (code 3 (service type mismatch))"),
+        ("noname", "the hello has no display name (code 1"),
+        ("longname", "display name is 64 bytes long: it must be 1 to 63 bytes of UTF-8 (code 1"),
+        ("ctrlname", "display name contains a control, line-break or text-direction character"),
+        ("dupfield", "the hello has two display names (code 1"),
+        ("inc0", "the hello's incarnation is 0"),
+        ("cutfield", "hello field 3 says 8 bytes, but only 3 follow (code 1"),
+        ("unknownfield", nil),
+        ("payload1", nil),
+    ]
+
+    @Test(
+        "a peer whose preface or hello is wrong is refused before it joins, with what was wrong on stderr; a hello field chat does not know is skipped; another peer chats on",
+        .timeLimit(.minutes(2)))
+    func badHandshakesAreRefusedOneByOne() async throws {
+        let service = TestHost.uniqueServiceType("i")
+        let (anchor, anchorPort) = try await Self.listening([
+            "--name", "Anchor", "--service", service, "--auto", "--reply", "--max-time", "90",
+        ])
+        defer { anchor.terminate() }
+        let port = try Self.freePort()
+        let chat = try ChildProcess.peerlink(
+            ["chat", "--name", "Swift", "--service", service, "--transport", "lan", "--port", String(port), "--connect", "tcp://127.0.0.1:\(anchorPort)"],
+            withInput: true)
+        defer { chat.terminate() }
+        _ = try await chat.waitForLine(containing: "* Anchor joined", timeout: .seconds(20))
+        for (bad, refusal) in Self.badHandshakes {
+            let peer = try Self.start([
+                "--dial", "127.0.0.1:\(port)", "--name", "Rogue", "--service", service, "--auto", "--invite",
+                "--say", "hello with \(bad)", "--bad", bad, "--max-time", "2",
+            ])
+            defer { peer.terminate() }
+            if let refusal {
+                let line = try await chat.waitForStderrLine(containing: refusal, timeout: .seconds(10))
+                #expect(line.contains("before the handshake completed"), "\(bad): \(line)")
+                _ = try await peer.waitForExit(timeout: .seconds(10))
+                #expect(!peer.stdout.contains("*** connected"), "\(bad): \(peer.stdout)")
+            } else {
+                _ = try await chat.waitForLine(containing: ": hello with \(bad)", timeout: .seconds(10))
+                #expect(try await peer.waitForExit(timeout: .seconds(10)) == 0, "\(bad): \(peer.stdout)")
+            }
+        }
+        // A prologue that differs from the prefaces sent: the handshake cannot complete (the
+        // peer fails to read chat's second message), and nothing of it reaches the chat.
+        let forged = try Self.start([
+            "--dial", "127.0.0.1:\(port)", "--name", "Rogue", "--service", service, "--auto", "--invite",
+            "--say", "hello with prologue", "--bad", "prologue", "--max-time", "2",
+        ])
+        defer { forged.terminate() }
+        #expect(try await forged.waitForExit(timeout: .seconds(10)) != 0, "\(forged.stdout)")
+        #expect(!forged.stdout.contains("*** connected"), "\(forged.stdout)")
+
+        chat.type("still here\n")
+        _ = try await chat.waitForLine(containing: "Anchor: echo: still here", timeout: .seconds(10))
+        #expect(Self.count("joined", in: chat.stdoutLines) == 3, "Anchor and the two peers nothing was wrong with: \(chat.stdout)")
+        #expect(!chat.stdout.contains("hello with prologue"), "\(chat.stdout)")
+        chat.closeInput()
+        #expect(try await chat.waitForExit() == 0, "\(chat.stderr)")
+    }
 }
