@@ -311,6 +311,31 @@ struct IndependentPeerTests {
         #expect(!chat.stdout.contains("* Indie left\n* Indie joined"), "the peer never left between the links: \(chat.stdout)")
     }
 
+    /// A well-behaved independent peer ("Anchor", answering every message with "echo: ...") for
+    /// `seconds`, and `peerlink chat` joined with it and listening on a TCP port of its own, for
+    /// a misbehaving peer to dial while the anchor shows that others are unaffected.
+    static func chatBesideAnAnchor(service: String, seconds: Int) async throws -> (anchor: ChildProcess, chat: ChildProcess, port: Int) {
+        let (anchor, anchorPort) = try await listening([
+            "--name", "Anchor", "--service", service, "--auto", "--reply", "--max-time", String(seconds),
+        ])
+        do {
+            let port = try freePort()
+            let chat = try ChildProcess.peerlink(
+                ["chat", "--name", "Swift", "--service", service, "--transport", "lan", "--port", String(port), "--connect", "tcp://127.0.0.1:\(anchorPort)"],
+                withInput: true)
+            do {
+                _ = try await chat.waitForLine(containing: "* Anchor joined", timeout: .seconds(20))
+                return (anchor, chat, port)
+            } catch {
+                chat.terminate()
+                throw error
+            }
+        } catch {
+            anchor.terminate()
+            throw error
+        }
+    }
+
     /// What a peer does wrong after its first line, and whether chat must end its link for it
     /// (`GO_AWAY` 1, a protocol error) or drop the frame and go on (the Wire Format article).
     /// (Bytes over a stream's window are left to `LinkTests`: chat's file receiver resets a
@@ -332,16 +357,9 @@ struct IndependentPeerTests {
     func aMisbehavingPeerAffectsOnlyItself(act: String) async throws {
         let closes = try #require(Self.misbehaviours.first { $0.act == act }).closes
         let service = TestHost.uniqueServiceType("i")
-        let (anchor, anchorPort) = try await Self.listening([
-            "--name", "Anchor", "--service", service, "--auto", "--reply", "--max-time", "40",
-        ])
+        let (anchor, chat, port) = try await Self.chatBesideAnAnchor(service: service, seconds: 40)
         defer { anchor.terminate() }
-        let port = try Self.freePort()
-        let chat = try ChildProcess.peerlink(
-            ["chat", "--name", "Swift", "--service", service, "--transport", "lan", "--port", String(port), "--connect", "tcp://127.0.0.1:\(anchorPort)"],
-            withInput: true)
         defer { chat.terminate() }
-        _ = try await chat.waitForLine(containing: "* Anchor joined", timeout: .seconds(20))
         let peer = try Self.start([
             "--dial", "127.0.0.1:\(port)", "--name", "Rogue", "--service", service, "--auto", "--invite",
             "--say", "sent before misbehaving", "--act", "1.5:\(act)", "--act", "2.5:say=sent after misbehaving", "--max-time", "8",
@@ -395,16 +413,9 @@ struct IndependentPeerTests {
         .timeLimit(.minutes(2)))
     func badHandshakesAreRefusedOneByOne() async throws {
         let service = TestHost.uniqueServiceType("i")
-        let (anchor, anchorPort) = try await Self.listening([
-            "--name", "Anchor", "--service", service, "--auto", "--reply", "--max-time", "90",
-        ])
+        let (anchor, chat, port) = try await Self.chatBesideAnAnchor(service: service, seconds: 90)
         defer { anchor.terminate() }
-        let port = try Self.freePort()
-        let chat = try ChildProcess.peerlink(
-            ["chat", "--name", "Swift", "--service", service, "--transport", "lan", "--port", String(port), "--connect", "tcp://127.0.0.1:\(anchorPort)"],
-            withInput: true)
         defer { chat.terminate() }
-        _ = try await chat.waitForLine(containing: "* Anchor joined", timeout: .seconds(20))
         for (bad, refusal) in Self.badHandshakes {
             let peer = try Self.start([
                 "--dial", "127.0.0.1:\(port)", "--name", "Rogue", "--service", service, "--auto", "--invite",
