@@ -262,8 +262,17 @@ public final class MemoryChannel: LinkChannel {
     }
 
     public func writeNow(_ bytes: [UInt8]) throws -> Int {
-        let taken = try connection.writeNow(bytes, side: side, description: remoteDescription)
-        if taken > 0 { writes.withLock { $0 += 1 } }
+        // Counted before the bytes can reach the reader (and taken back if none went): a reader
+        // that has them sees the write in the count.
+        writes.withLock { $0 += 1 }
+        let taken: Int
+        do {
+            taken = try connection.writeNow(bytes, side: side, description: remoteDescription)
+        } catch {
+            writes.withLock { $0 -= 1 }
+            throw error
+        }
+        if taken == 0 { writes.withLock { $0 -= 1 } }
         return taken
     }
 

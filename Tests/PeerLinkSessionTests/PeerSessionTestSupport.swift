@@ -183,10 +183,12 @@ struct SessionNode: Sendable {
 
 /// Runs every node (session and event log) around `body`; then disconnects them all, waits
 /// for every ``PeerSession/run()`` to return, and closes the listeners.
-/// Two automatic peers on the memory transport, running and connected to each other, for `body`.
-func withConnectedPair(_ body: (_ ana: SessionNode, _ bo: SessionNode) async throws -> Void) async throws {
+/// Two automatic peers on the memory transport, running and connected to each other, for `body`;
+/// their time is `clock`'s (it moves only when the test moves it).
+func withConnectedPair(
+    clock: ManualClock = ManualClock(), _ body: (_ ana: SessionNode, _ bo: SessionNode) async throws -> Void
+) async throws {
     let network = MemoryNetwork()
-    let clock = ManualClock()
     let log = TestLog()
     let ana = try SessionNode.memory("ana", on: network, automatic: true, clock: clock, log: log)
     let bo = try SessionNode.memory("bo", on: network, automatic: true, clock: clock, log: log)

@@ -1,5 +1,6 @@
 import PeerLinkCore
 import PeerLinkSession
+import PeerLinkTestSupport
 import Synchronization
 import Testing
 
@@ -176,7 +177,8 @@ struct PeerStreamTests {
 
     @Test("the sender never runs ahead of a slow reader's window; reading lets it finish")
     func windowWithSlowReader() async throws {
-        try await withConnectedPair { ana, bo in
+        let clock = ManualClock()
+        try await withConnectedPair(clock: clock) { ana, bo in
             let total = 3 << 20
             let payload = streamPattern(total, seed: 7)
             let stream = try await ana.session.openStream(named: "slow", to: bo.peer)
@@ -195,11 +197,15 @@ struct PeerStreamTests {
             #expect(queued.value <= WireFormat.initialStreamWindow)
             #expect(queued.value > WireFormat.initialStreamWindow - 10_000)
             #expect(atAna.peakQueuedDataBytes <= atAna.maxQueuedDataBytes)
-            // Bo reads slowly: a chunk at a time, and the writer gets through it all.
+            // Bo reads slowly: a chunk at a time, a millisecond of the sessions' clock after each
+            // (about 10 MB/s), and the writer gets through it all. With the clock standing still
+            // the reader would look infinitely fast, and its window would grow, as it should for
+            // a fast reader.
             var received: [UInt8] = []
             while let chunk = try await incoming.read() {
                 received += chunk
                 #expect(bo.session.streamStatistics(for: ana.peer)!.unreadBytes <= WireFormat.initialStreamWindow)
+                clock.advance(by: .milliseconds(1))
             }
             try await writer
             #expect(received == payload)
