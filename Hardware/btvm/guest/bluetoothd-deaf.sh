@@ -9,7 +9,8 @@
 # call for the rest of the boot, with nothing in its log after start-up and no fault in the guest
 # kernel's log. Not reproduced in 20 rounds of advertise, scan, sdptool browse and exit in one
 # boot. What follows tells the next sighting apart: whether the bus itself still answers, and
-# where bluetoothd's one thread waits (its state, wait channel, system call and kernel stack).
+# where bluetoothd's one thread waits (its state, wait channel, system call and kernel stack), and
+# the kernel's blocked tasks.
 pidfile=/run/btvm/bluetoothd.pid
 [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null || exit 1
 if dbus-send --system --print-reply --reply-timeout=10000 --dest=org.bluez / \
@@ -31,6 +32,9 @@ echo "bluetooth lab: bluetoothd's descriptors:"
 ls -l "/proc/$pid/fd" 2>/dev/null | sed -n 's/.* \([0-9]*\) -> /  \1 -> /p' | sort -n
 echo "bluetooth lab: the end of bluetoothd's log:"
 tail -n 40 /run/btvm/bluetoothd.log
-echo "bluetooth lab: the end of the guest kernel's log:"
-dmesg | tail -n 40
+# The kernel's list of tasks in uninterruptible sleep, with their stacks, goes to its log: a
+# bluetoothd waiting on a lock some other task holds shows there with the holder.
+echo w > /proc/sysrq-trigger 2>/dev/null
+echo "bluetooth lab: the end of the guest kernel's log (with its blocked tasks):"
+dmesg | tail -n 80
 exit 0
