@@ -55,7 +55,7 @@ enum BlueZ {
         case DBusCallError.accessDenied, "org.bluez.Error.NotPermitted", "org.bluez.Error.NotAuthorized":
             return PeerLinkError(.unavailable, "bluetoothd refused \(doing) (\(detail)): run as a member of the 'bluetooth' group ('sudo usermod -aG bluetooth $USER', then log in again) or as root; the D-Bus policy is /etc/dbus-1/system.d/bluetooth.conf")
         case DBusCallError.noReply, DBusCallError.timeout:
-            return PeerLinkError(.timedOut, "bluetoothd did not answer \(doing) in time (\(detail)): check it runs ('bluetoothctl show')")
+            return PeerLinkError(.timedOut, "bluetoothd did not answer \(doing) in time (\(detail)): it is busy or hangs; if 'bluetoothctl show' does not answer either, restart it with 'sudo systemctl restart bluetooth'")
         case DBusCallError.unknownObject, "org.freedesktop.DBus.Error.UnknownInterface", DBusCallError.unknownMethod:
             return PeerLinkError(.unavailable, "bluetoothd has no such adapter or interface (\(doing): \(detail)): list adapters with 'peerlink radios'")
         case "org.bluez.Error.NotReady":

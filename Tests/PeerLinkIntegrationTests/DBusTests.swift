@@ -120,6 +120,32 @@ struct DBusTests {
         }
     }
 
+    /// A bluetoothd that holds its name and answers nothing (seen in the lab: blocked in an
+    /// `accept` of its own) is told apart from one that is not running, with what to do.
+    @Test func aBluetoothdThatHangsIsAClearError() async throws {
+        let bus = try await PrivateBus()
+        let silent = try DBusConnection.open(address: bus.address)
+        defer { silent.close() }
+        let owned = try silent.call(
+            destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+            method: "RequestName", [.string(BlueZ.service), .uint32(0)])
+        #expect(owned.first?.integer == 1, "RequestName: \(owned)")  // primary owner
+        let connection = try DBusConnection.open(address: bus.address)
+        defer { connection.close() }
+        do {
+            _ = try connection.call(
+                destination: BlueZ.service, path: "/", interface: DBusConnection.objectManagerInterface, method: "GetManagedObjects",
+                timeout: .milliseconds(300))
+            Issue.record("a call to a name whose owner never answers succeeded")
+        } catch {
+            let mapped = BlueZ.map(error, doing: "listing adapters")
+            #expect(mapped.code == .timedOut)
+            #expect(mapped.message.contains("bluetoothd did not answer listing adapters in time"), "\(mapped.message)")
+            #expect(mapped.message.contains("sudo systemctl restart bluetooth"), "\(mapped.message)")
+        }
+        _ = bus
+    }
+
     @Test func noBusIsAClearError() throws {
         let directory = TestHost.temporaryDirectory("peerlink-nobus")
         do {
