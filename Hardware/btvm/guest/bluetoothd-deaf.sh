@@ -7,10 +7,11 @@
 # Seen twice (2026-11-27, 2026-11-29, CI runs): after the first two tests of
 # BluetoothDiscoveryLabTests (a scan, then `advertise` browsed by sdptool) bluetoothd answered no
 # call for the rest of the boot, with nothing in its log after start-up and no fault in the guest
-# kernel's log. Not reproduced in 20 rounds of advertise, scan, sdptool browse and exit in one
-# boot. What follows tells the next sighting apart: whether the bus itself still answers, and
-# where bluetoothd's one thread waits (its state, wait channel, system call and kernel stack), and
-# the kernel's blocked tasks.
+# kernel's log. Reproduced once locally (one round in 26 of the suite's first three tests): bluetoothd
+# was in accept(2) on one of its own L2CAP listening sockets (see ../README.md, "Kernel faults").
+# What follows tells each sighting apart: whether the bus itself still answers, where bluetoothd's
+# one thread waits (its state, wait channel, system call and kernel stack), and the kernel's
+# blocked tasks.
 pidfile=/run/btvm/bluetoothd.pid
 [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null || exit 1
 if dbus-send --system --print-reply --reply-timeout=10000 --dest=org.bluez / \
