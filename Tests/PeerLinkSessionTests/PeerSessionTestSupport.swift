@@ -181,8 +181,6 @@ struct SessionNode: Sendable {
     }
 }
 
-/// Runs every node (session and event log) around `body`; then disconnects them all, waits
-/// for every ``PeerSession/run()`` to return, and closes the listeners.
 /// Two automatic peers on the memory transport, running and connected to each other, for `body`;
 /// their time is `clock`'s (it moves only when the test moves it).
 func withConnectedPair(
@@ -201,6 +199,8 @@ func withConnectedPair(
     }
 }
 
+/// Runs every node (session and event log) around `body`; then disconnects them all, waits
+/// for every ``PeerSession/run()`` to return, and closes the listeners.
 func withRunning(_ nodes: [SessionNode], _ body: () async throws -> Void) async throws {
     try await withThrowingTaskGroup(of: Void.self) { group in
         for node in nodes {
