@@ -107,10 +107,12 @@ guest_command() {
     command="export PEERLINK_BLUETOOTH_LAB=1 PEERLINK_BIN_DIR=$(printf %q "$(dirname "$BIN")") ${PEERLINK_LAB_ADAPTER_CYCLES:+PEERLINK_LAB_ADAPTER_CYCLES=1} $environment;"
     command+=" echo \"bluetooth lab: kernel \$(uname -r), hci0 \$BTVM_HCI0_ADDR, hci1 \$BTVM_HCI1_ADDR\";"
     [ "$trace" = trace ] && command+=" $(printf %q "$HERE/btvm/guest/pairing-trace.sh") start;"
+    # notes emulated controllers that go away under the tests (see below)
+    command+=" $(printf %q "$HERE/btvm/guest/controllers-gone.sh") --watch & watcher=\$!;"
     # --no-parallel: the suites share two controllers, and one test takes hci0 down.
     command+=" $(printf %q "$BIN") --testing-library swift-testing --no-parallel --filter $(printf %q "$filter")"
     for arg in "${EXTRA[@]}"; do command+=" $(printf %q "$arg")"; done
-    command+="; rc=\$?;"
+    command+="; rc=\$?; kill \$watcher;"
     [ "$trace" = trace ] && command+=" if [ \$rc != 0 ]; then $(printf %q "$HERE/btvm/guest/pairing-trace.sh") print; else $(printf %q "$HERE/btvm/guest/pairing-trace.sh") stop; fi;"
     # a bluetoothd that died under the tests is worth its log
     command+=" if [ -s /run/btvm/bluetoothd.pid ] && ! kill -0 \$(cat /run/btvm/bluetoothd.pid) 2>/dev/null; then"
@@ -118,8 +120,9 @@ guest_command() {
     # a bluetoothd that runs but no longer answers: its log and the kernel's, and exit 122 (the
     # lab boots once more, as for a kernel fault)
     command+=" if [ \$rc != 0 ] && $(printf %q "$HERE/btvm/guest/bluetoothd-deaf.sh"); then rc=122; fi;"
-    # emulated controllers that went away (btvirt gone): their state and the kernel's log, and
-    # exit 121 (one more boot too)
+    # emulated controllers that went away at some point (btvirt gone, or fewer controllers
+    # registered; a test that re-creates them on purpose does not count): their state and the
+    # kernel's log, and exit 121 (one more boot too)
     command+=" if [ \$rc != 0 ] && [ \$rc != 122 ] && $(printf %q "$HERE/btvm/guest/controllers-gone.sh"); then rc=121; fi;"
     command+=" [ -s /run/btvm/forget-bonds.log ] && echo \"bluetooth lab: \$(wc -l < /run/btvm/forget-bonds.log) bonds the emulator left were removed\"; exit \$rc"
     printf '%s' "$command"

@@ -64,7 +64,7 @@ struct LANDiscoveryTests {
             let name = "Withdraw\(signal)"
             let advertiser = try ChildProcess.peerlink(["advertise", "--name", name, "--service", service])
             try await advertiser.waitForLine(containing: "Published as")
-            #expect(try await AvahiBrowse.services(service).map(\.name) == [name])
+            #expect(try await AvahiBrowse.services(service, resolve: false).map(\.name) == [name])
 
             advertiser.signal(signal)
             #expect(try await advertiser.waitForExit(timeout: .seconds(10)) == 0)
@@ -72,10 +72,10 @@ struct LANDiscoveryTests {
 
             // Gone from the daemon: avahi-browse no longer lists it (the goodbye may take a moment).
             let deadline = ContinuousClock.now + .seconds(8)
-            var browsed = try await AvahiBrowse.services(service)
+            var browsed = try await AvahiBrowse.services(service, resolve: false)
             while !browsed.isEmpty && ContinuousClock.now < deadline {
                 try await Task.sleep(for: .milliseconds(250))
-                browsed = try await AvahiBrowse.services(service)
+                browsed = try await AvahiBrowse.services(service, resolve: false)
             }
             #expect(browsed.isEmpty, "still published after exit: \(browsed)")
             #expect(try await scanPeers(service: service, timeout: 2).isEmpty)

@@ -14,6 +14,9 @@ N=${1:-2}
 G=$(cd "$(dirname "$0")" && pwd)
 say() { echo "renew-controllers: $*" >&2; }
 registered() { ls /sys/class/bluetooth 2>/dev/null | grep -c '^hci[0-9]*$'; }
+# tells guest/controllers-gone.sh --watch that the controllers go away on purpose
+echo $$ > /run/btvm/renewing
+trap 'rm -f /run/btvm/renewing' EXIT
 kill "$(cat /run/btvm/btvirt.pid 2>/dev/null)" 2>/dev/null
 i=0
 while [ "$(registered)" -gt 0 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done

@@ -101,11 +101,14 @@ struct BrowsedService: Sendable, Equatable {
 enum AvahiBrowse {
     /// `avahi-browse -rpt _<service>._tcp` (bounded), reduced to the instances still there at
     /// the end: a `-` line after a `+` means the instance went away while browsing.
-    static func services(_ service: String, timeout: Duration = .seconds(10)) async throws -> [BrowsedService] {
+    /// With `resolve: false` (`-pt`), only the instances' names and where they were seen: no
+    /// host, port or TXT. That is the way to ask whether an instance is gone: resolving one that
+    /// is being withdrawn waits for Avahi's resolver to give up (5 s, longer on a loaded host).
+    static func services(_ service: String, resolve: Bool = true, timeout: Duration = .seconds(20)) async throws -> [BrowsedService] {
         guard let browse = TestHost.which("avahi-browse") else {
             throw HarnessError("avahi-browse is not installed (apt-get install avahi-utils, or Hardware/setup.sh)")
         }
-        let result = try await runCommand(browse, ["-rpt", "_\(service)._tcp"], timeout: timeout)
+        let result = try await runCommand(browse, [resolve ? "-rpt" : "-pt", "_\(service)._tcp"], timeout: timeout)
         guard result.status == 0 else {
             throw HarnessError("avahi-browse exited \(result.status): \(result.stderr)")
         }
