@@ -18,7 +18,10 @@ import Darwin
 /// come back to it, and tests rely on this to prove it.
 public final class Locked<Value>: @unchecked Sendable {
     @usableFromInline let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    @usableFromInline var value: Value
+    /// Not checked for exclusive access at run time: the mutex already makes every access
+    /// exclusive (and a second `withLock` on the same thread stops the process), so the
+    /// dynamic check each `withLock` paid (about 2 % of a small-message profile) found nothing.
+    @exclusivity(unchecked) @usableFromInline var value: Value
 
     public init(_ value: consuming sending Value) {
         self.value = value

@@ -173,9 +173,11 @@ package final class Latch: Sendable {
 /// nothing adds to it. Taken, not read: the session keeps the last run, and must not keep a
 /// message the app is done with.
 final class EventRun: @unchecked Sendable {
-    var events: [PeerSessionEvent]
+    // Not checked for exclusive access at run time (a check per message reported): the
+    // session's lock already makes every access exclusive (see above).
+    @exclusivity(unchecked) var events: [PeerSessionEvent]
     /// The outbox's mark right after this run's delivery was queued.
-    var mark: Outbox.Mark?
+    @exclusivity(unchecked) var mark: Outbox.Mark?
 
     init(_ event: PeerSessionEvent) { events = [event] }
 

@@ -69,13 +69,15 @@ public struct EventSequence<Element: Sendable>: AsyncSequence, Sendable {
         let queue: EventQueue<Element>
         let taken: @Sendable (ArraySlice<Element>) -> Void
         let weight: @Sendable (Element) -> Int
-        var events: [Element] = []
+        // Not checked for exclusive access at run time (a check per event handed out): one
+        // iterator, which cannot leave its task, is all that touches a batch.
+        @exclusivity(unchecked) var events: [Element] = []
         /// The next event to hand out.
-        var position = 0
+        @exclusivity(unchecked) var position = 0
         /// Events before this one were told as taken.
-        var told = 0
+        @exclusivity(unchecked) var told = 0
         /// What the events handed out and not told yet weigh.
-        var untoldWeight = 0
+        @exclusivity(unchecked) var untoldWeight = 0
 
         init(queue: EventQueue<Element>, taken: @escaping @Sendable (ArraySlice<Element>) -> Void, weight: @escaping @Sendable (Element) -> Int) {
             self.queue = queue
