@@ -103,7 +103,7 @@ enum AvahiBrowse {
     /// the end: a `-` line after a `+` means the instance went away while browsing.
     /// With `resolve: false` (`-pt`), only the instances' names and where they were seen: no
     /// host, port or TXT. That is the way to ask whether an instance is gone: resolving one that
-    /// is being withdrawn waits for Avahi's resolver to give up (5 s, longer on a loaded host).
+    /// is being withdrawn waits until Avahi's resolver gives up (seconds; more on a loaded host).
     static func services(_ service: String, resolve: Bool = true, timeout: Duration = .seconds(20)) async throws -> [BrowsedService] {
         guard let browse = TestHost.which("avahi-browse") else {
             throw HarnessError("avahi-browse is not installed (apt-get install avahi-utils, or Hardware/setup.sh)")
