@@ -260,9 +260,11 @@ struct BluetoothDiscoveryLabTests {
         // ::1 on TCP, and the test waiting for a move that had no reason to happen.
         // One `ip -batch` per family instead of a process per rule, and a minute for it: with a
         // compiler running beside the VM, fourteen `ip` processes once did not end within 20 s.
+        // TCP by its protocol number (6): `ip` looks a name up in /etc/protocols, which a minimal
+        // system (Debian's minbase, no netbase) does not have.
         var commands = ["rule add pref 100 lookup local", "rule del pref 0 lookup local"]
         for port in ports {
-            commands += ["rule add pref 10 ipproto tcp dport \(port) prohibit", "rule add pref 11 ipproto tcp sport \(port) prohibit"]
+            commands += ["rule add pref 10 ipproto 6 dport \(port) prohibit", "rule add pref 11 ipproto 6 sport \(port) prohibit"]
         }
         commands.append("route flush cache")
         let batch = commands.joined(separator: "\\n")
