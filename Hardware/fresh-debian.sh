@@ -59,11 +59,19 @@ git_mirrors() {
 
 mount_root() {
     local target dir
-    # The root a mount point of its own, as / is on a machine (netlab.sh's namespaces remount it).
-    mountpoint -q "$ROOT" || mount --bind "$ROOT" "$ROOT"
+    # The root a mount point of its own, as / is on a machine (netlab.sh's namespaces remount it),
+    # and private: what is mounted in it does not show up beside it in this machine's tree.
+    if ! mountpoint -q "$ROOT"; then
+        mount --bind "$ROOT" "$ROOT"
+        mount --make-private "$ROOT"
+    fi
     mountpoint -q "$ROOT/proc" || mount -t proc proc "$ROOT/proc"
     mountpoint -q "$ROOT/sys" || mount -t sysfs sysfs "$ROOT/sys"
-    mountpoint -q "$ROOT/dev" || mount --rbind /dev "$ROOT/dev"
+    # a slave of /dev: its mounts reach the root, the root's never reach /dev (nor their unmounts)
+    if ! mountpoint -q "$ROOT/dev"; then
+        mount --rbind /dev "$ROOT/dev"
+        mount --make-rslave "$ROOT/dev"
+    fi
     # the root's own /run: its dbus, avahi and network namespaces, not this machine's
     mountpoint -q "$ROOT/run" || mount -t tmpfs tmpfs "$ROOT/run"
     mkdir -p "$ROOT/opt/swift"
@@ -111,6 +119,7 @@ create() {
         cp /etc/apt/sources.list.d/debian.sources "$ROOT/etc/apt/sources.list.d/"
         rm -f "$ROOT/etc/apt/sources.list"
     fi
+    mkdir -p "$ROOT/usr/local/share/ca-certificates"
     cp /usr/local/share/ca-certificates/*.crt "$ROOT/usr/local/share/ca-certificates/" 2>/dev/null || true
     git config --system --get-regexp '^url\..*\.insteadof$' 2>/dev/null \
         | while read -r key value; do git config --file "$ROOT/etc/gitconfig" --add "$key" "$value"; done
