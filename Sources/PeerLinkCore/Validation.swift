@@ -14,6 +14,9 @@ public enum ValidationError: Error, Hashable, Sendable, CustomStringConvertible 
     case serviceTypeNoLetter
     case serviceTypeHyphenAtEdge
     case serviceTypeDoubleHyphen
+    /// The type written as DNS-SD writes it (`_chat._tcp`, the value given): the name alone
+    /// (`chat`) is what to give instead.
+    case serviceTypeDNSSDForm(String)
 
     // Discovery info (one DNS-SD TXT record).
     case infoKeyEmpty
@@ -45,6 +48,9 @@ public enum ValidationError: Error, Hashable, Sendable, CustomStringConvertible 
             return "service type starts or ends with a hyphen: hyphens are allowed only between letters or digits"
         case .serviceTypeDoubleHyphen:
             return "service type contains two hyphens in a row: use single hyphens"
+        case .serviceTypeDNSSDForm(let given):
+            let name = ServiceType.nameInDNSSDForm(given) ?? given
+            return "service type \(Self.quote(given)) is written as DNS-SD writes it: give the name alone, \(Self.quote(name)) (on the LAN it is advertised as _\(name)._tcp)"
         case .infoKeyEmpty:
             return "discovery info has an empty key: keys must be 1 or more printable ASCII characters"
         case .infoKeyContainsEquals(let key):
@@ -114,6 +120,17 @@ public struct ServiceType: Hashable, Sendable, CustomStringConvertible {
     public let value: String
 
     public init(_ value: String) throws(ValidationError) {
+        if let name = Self.nameInDNSSDForm(value) {
+            // the name's own rule, if it breaks one; else the hint to give the name alone
+            try Self.check(name)
+            throw .serviceTypeDNSSDForm(value)
+        }
+        try Self.check(value)
+        self.value = value
+    }
+
+    /// Throws the first rule `value` breaks.
+    private static func check(_ value: String) throws(ValidationError) {
         if value.isEmpty { throw .serviceTypeEmpty }
         for character in value {
             let isLower = character >= "a" && character <= "z"
@@ -122,11 +139,22 @@ public struct ServiceType: Hashable, Sendable, CustomStringConvertible {
                 throw .serviceTypeInvalidCharacter(character)
             }
         }
-        if value.count > Self.maximumLength { throw .serviceTypeTooLong(characters: value.count) }
+        if value.count > maximumLength { throw .serviceTypeTooLong(characters: value.count) }
         if !value.contains(where: { $0 >= "a" && $0 <= "z" }) { throw .serviceTypeNoLetter }
         if value.hasPrefix("-") || value.hasSuffix("-") { throw .serviceTypeHyphenAtEdge }
         if value.contains("--") { throw .serviceTypeDoubleHyphen }
-        self.value = value
+    }
+
+    /// `chat` of `_chat._tcp`, `_chat._udp` or either with a final dot; nil for anything else.
+    static func nameInDNSSDForm(_ value: String) -> String? {
+        var text = Substring(value)
+        if text.hasSuffix(".") { text = text.dropLast() }
+        guard text.hasPrefix("_") else { return nil }
+        for suffix in ["._tcp", "._udp"] where text.hasSuffix(suffix) {
+            let name = text.dropFirst().dropLast(suffix.count)
+            return name.isEmpty ? nil : String(name)
+        }
+        return nil
     }
 
     /// The DNS-SD type on a LAN: `_<type>._tcp`.

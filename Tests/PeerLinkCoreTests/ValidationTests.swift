@@ -113,9 +113,22 @@ struct ServiceTypeTests {
         ("-", .serviceTypeNoLetter),
         ("--", .serviceTypeNoLetter),
         ("-a--b", .serviceTypeHyphenAtEdge),
+        // The DNS-SD form: the name alone is what to give; a name that breaks a rule says which.
+        ("_chat._tcp", .serviceTypeDNSSDForm("_chat._tcp")),
+        ("_peer-link._tcp.", .serviceTypeDNSSDForm("_peer-link._tcp.")),
+        ("_chat._udp", .serviceTypeDNSSDForm("_chat._udp")),
+        ("_Chat._tcp", .serviceTypeInvalidCharacter("C")),
+        ("_abcdefghijklmnop._tcp", .serviceTypeTooLong(characters: 16)),
+        ("_._tcp", .serviceTypeInvalidCharacter("_")),
+        ("chat._tcp", .serviceTypeInvalidCharacter(".")),
     ])
     func rejects(_ text: String, _ error: ValidationError) {
         #expect(throws: error) { try ServiceType(text) }
+    }
+
+    @Test func dnsSDFormSaysWhatToGive() {
+        let message = ValidationError.serviceTypeDNSSDForm("_chat._tcp").description
+        #expect(message == "service type '_chat._tcp' is written as DNS-SD writes it: give the name alone, 'chat' (on the LAN it is advertised as _chat._tcp)")
     }
 
     @Test func dnsSDType() throws {

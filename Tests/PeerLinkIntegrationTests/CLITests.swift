@@ -18,6 +18,7 @@ struct InvalidInput: Sendable, CustomTestStringConvertible {
     static let all: [InvalidInput] = [
         InvalidInput("--service Chat", ["advertise", "--name", "A", "--service", "Chat"], rule: "only lowercase ASCII letters, digits and hyphens"),
         InvalidInput("scan --service Chat", ["scan", "--lan", "--service", "Chat"], rule: "only lowercase ASCII letters, digits and hyphens"),
+        InvalidInput("chat --service _peerlink._tcp", ["chat", "--name", "A", "--service", "_peerlink._tcp"], rule: "give the name alone, 'peerlink'"),
         InvalidInput("--service a--b", ["advertise", "--name", "A", "--service", "a--b"], rule: "two hyphens in a row"),
         InvalidInput("--service -x", ["advertise", "--name", "A", "--service", "-x"], rule: "starts or ends with a hyphen"),
         InvalidInput("--service=-x", ["advertise", "--name", "A", "--service=-x"], rule: "starts or ends with a hyphen"),
