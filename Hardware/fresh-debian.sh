@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fresh-debian.sh — the README's quick start on a machine that has nothing of PeerLink yet: a
 # minimal Debian root (debootstrap --variant=minbase) with only what swift.org asks for beside the
-# toolchain, a clone of this repository, and the quick start's commands run in it (chroot, as root).
+# toolchain, a clone of this repository, and the quick start's commands run in it as root, in a
+# mount namespace whose / is that root (so the namespaces the tests make in there see it too).
 #
 # usage: Hardware/fresh-debian.sh create [RELEASE]   make the root (default bookworm) and keep a
 #                                                     copy of it as it is before PeerLink's setup
@@ -10,7 +11,7 @@
 #        Hardware/fresh-debian.sh chat [ARGS...]     reset the root likewise and run
 #                                                     Hardware/peerlink.sh ARGS there (interactive)
 #        Hardware/fresh-debian.sh shell              a shell in the root as it is now
-#        Hardware/fresh-debian.sh remove             unmount and delete the root and its copy
+#        Hardware/fresh-debian.sh remove             delete the root and its copy
 # env:   FRESH_DIR (default /var/tmp/peerlink-fresh): the root is FRESH_DIR/root, the copy
 #        FRESH_DIR/base; SWIFT_DIR (default: the toolchain of `swift` on PATH, or /opt/swift):
 #        mounted read-only at /opt/swift in the root, as swift.org's tarball would be unpacked.
@@ -19,9 +20,10 @@
 # of PeerLink's): the apt sources, the CA certificates under /usr/local/share/ca-certificates,
 # git's `url.*.insteadOf` rewrites of /etc/gitconfig (a local copy of GitHub's packages) with the
 # folders they point to (read-only), and pip's and the TLS stack's certificate settings. The root
-# shares this machine's network namespace: the test command starts avahi-daemon there on the
-# loopback interface only, as it does on this machine; do not run it beside another test run.
-# Needs root and debootstrap (installed with apt-get when missing).
+# shares this machine's network namespace (and sees its processes): the test command starts
+# avahi-daemon there on the loopback interface only, as it does on this machine; do not run it
+# beside another test run. Needs root, unshare and pivot_root (util-linux), and debootstrap
+# (installed with apt-get when missing).
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -57,53 +59,47 @@ git_mirrors() {
         done
 }
 
-mount_root() {
-    local target dir
-    # The root a mount point of its own, as / is on a machine (netlab.sh's namespaces remount it),
-    # and private: what is mounted in it does not show up beside it in this machine's tree.
-    if ! mountpoint -q "$ROOT"; then
-        mount --bind "$ROOT" "$ROOT"
-        mount --make-private "$ROOT"
-    fi
-    mountpoint -q "$ROOT/proc" || mount -t proc proc "$ROOT/proc"
-    mountpoint -q "$ROOT/sys" || mount -t sysfs sysfs "$ROOT/sys"
-    # a slave of /dev: its mounts reach the root, the root's never reach /dev (nor their unmounts)
-    if ! mountpoint -q "$ROOT/dev"; then
-        mount --rbind /dev "$ROOT/dev"
-        mount --make-rslave "$ROOT/dev"
-    fi
-    # the root's own /run: its dbus, avahi and network namespaces, not this machine's
-    mountpoint -q "$ROOT/run" || mount -t tmpfs tmpfs "$ROOT/run"
-    mkdir -p "$ROOT/opt/swift"
-    mountpoint -q "$ROOT/opt/swift" || mount --bind -o ro "$(swift_dir)" "$ROOT/opt/swift"
-    for dir in $(git_mirrors); do
-        target=$ROOT$dir
-        mkdir -p "$target"
-        mountpoint -q "$target" || mount --bind -o ro "$dir" "$target"
-    done
-    cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
-}
-
-mounts_in_root() { awk -v root="$ROOT" '$2 == root || index($2, root "/") == 1 { print $2 }' /proc/mounts; }
-
-unmount_root() {
-    [ -d "$ROOT" ] || return 0
-    # deepest first; a lazy unmount for what a process still holds
-    mounts_in_root | sort -r | while read -r point; do umount "$point" 2>/dev/null || umount -l "$point"; done
-}
-
-# Deletes the root, never through a mount that is still there (/dev, the toolchain).
-delete_root() {
-    unmount_root
-    [ -z "$(mounts_in_root)" ] || die "still mounted in $ROOT: $(mounts_in_root | tr '\n' ' ')"
-    rm -rf --one-file-system "$ROOT"
-}
-
+# Runs a command in the root, in a mount namespace of its own whose / the root is (pivot_root),
+# as / is on a machine: a namespace made in there (netlab.sh's hosts) and entered with nsenter
+# sees the root, not this machine's tree. The mounts (proc, sys, /dev, a /run of its own, the
+# toolchain and git's mirrors read-only) exist only in that namespace and end with it.
 in_root() {
-    chroot "$ROOT" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
-        PIP_CERT=/etc/ssl/certs/ca-certificates.crt REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
-        SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
-        PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"
+    local mirrors
+    mirrors=$(git_mirrors | tr '\n' ' ')
+    cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+    unshare --mount --propagation private --fork -- /bin/bash -c '
+        set -e
+        root=$1 swift=$2 mirrors=$3
+        shift 3
+        mount --bind "$root" "$root"
+        mount -t proc proc "$root/proc"
+        mount -t sysfs sysfs "$root/sys"
+        mount --rbind /dev "$root/dev"
+        mount -t tmpfs tmpfs "$root/run"
+        mkdir -p "$root/opt/swift"
+        mount --bind "$swift" "$root/opt/swift"
+        mount -o remount,bind,ro "$root/opt/swift"
+        for dir in $mirrors; do
+            mkdir -p "$root$dir"
+            mount --bind "$dir" "$root$dir"
+            mount -o remount,bind,ro "$root$dir"
+        done
+        cd "$root"
+        mkdir -p .host
+        pivot_root . .host
+        cd /
+        umount -l /.host
+        rmdir /.host
+        exec /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
+            PIP_CERT=/etc/ssl/certs/ca-certificates.crt REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
+            SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+            PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"
+    ' fresh-root "$ROOT" "$(swift_dir)" "$mirrors" "$@"
+}
+
+# Deletes the root (nothing is mounted in it outside in_root's namespace).
+delete_root() {
+    rm -rf --one-file-system "$ROOT"
 }
 
 create() {
@@ -123,7 +119,6 @@ create() {
     cp /usr/local/share/ca-certificates/*.crt "$ROOT/usr/local/share/ca-certificates/" 2>/dev/null || true
     git config --system --get-regexp '^url\..*\.insteadof$' 2>/dev/null \
         | while read -r key value; do git config --file "$ROOT/etc/gitconfig" --add "$key" "$value"; done
-    mount_root
     # What swift.org lists for Debian 12 beside the toolchain (the user's part, not PeerLink's).
     say "installing Swift's prerequisites (log: $FRESH_DIR/swift-deps.log)"
     in_root bash -c 'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
@@ -132,7 +127,6 @@ create() {
         && update-ca-certificates' >"$FRESH_DIR/swift-deps.log" 2>&1 \
         || die "installing Swift's prerequisites failed (log: $FRESH_DIR/swift-deps.log)"
     in_root /opt/swift/usr/bin/swift --version >/dev/null || die "the toolchain does not run in the root"
-    unmount_root
     say "keeping a copy of the root as it is before PeerLink's setup"
     rm -rf "$BASE"
     cp -a "$ROOT" "$BASE"
@@ -143,7 +137,6 @@ reset_and_clone() {
     [ -d "$BASE" ] || die "no root yet: run '$0 create' first"
     delete_root
     cp -a "$BASE" "$ROOT"
-    mount_root
     git clone -q "$REPO" "$ROOT/root/peerlink"
     say "cloned $(git -C "$REPO" rev-parse --short HEAD) into $ROOT/root/peerlink"
 }
@@ -152,7 +145,6 @@ case "${1:-}" in
     create) shift; create "$@" ;;
     test)
         reset_and_clone
-        trap unmount_root EXIT
         set +e
         in_root env CI=true bash -c 'cd /root/peerlink && bash .ci/run'
         status=$?
@@ -162,13 +154,10 @@ case "${1:-}" in
     chat)
         shift
         reset_and_clone
-        trap unmount_root EXIT
         in_root bash -c 'cd /root/peerlink && exec Hardware/peerlink.sh "$@"' peerlink.sh "$@"
         ;;
     shell)
         [ -d "$ROOT" ] || die "no root yet: run '$0 create' first"
-        mount_root
-        trap unmount_root EXIT
         in_root bash -c 'cd /root/peerlink 2>/dev/null; exec bash -i' || true
         ;;
     remove)
