@@ -4,8 +4,10 @@
 # toolchain, a clone of this repository, and the quick start's commands run in it as root, in a
 # mount namespace whose / is that root (so the namespaces the tests make in there see it too).
 #
-# usage: Hardware/fresh-debian.sh create [RELEASE]   make the root (default bookworm) and keep a
-#                                                     copy of it as it is before PeerLink's setup
+# usage: Hardware/fresh-debian.sh create [RELEASE]   make the root (default bookworm; Swift's
+#                                                     prerequisites are swift.org's list for Debian
+#                                                     12) and keep a copy of it as it is before
+#                                                     PeerLink's setup
 #        Hardware/fresh-debian.sh test               reset the root to that copy, clone HEAD into
 #                                                     it, run `CI=true bash .ci/run` there
 #        Hardware/fresh-debian.sh chat [ARGS...]     reset the root likewise and run
@@ -36,7 +38,8 @@ FRESH_DIR=${FRESH_DIR:-/var/tmp/peerlink-fresh}
 ROOT=$FRESH_DIR/root
 BASE=$FRESH_DIR/base
 
-[ "$(id -u)" = 0 ] || die "run as root (chroot, mount, debootstrap)"
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+[ "$(id -u)" = 0 ] || die "run as root (mount namespaces, pivot_root, debootstrap)"
 
 swift_dir() {
     if [ -n "${SWIFT_DIR:-}" ]; then
@@ -165,6 +168,5 @@ case "${1:-}" in
         rm -rf --one-file-system "$BASE"
         say "removed $FRESH_DIR's root and copy"
         ;;
-    -h | --help) usage ;;
     *) usage >&2; exit 2 ;;
 esac
