@@ -944,9 +944,12 @@ public final class Link: Sendable {
         switch input {
         case .acknowledgment(let through):
             guard channel.acknowledge(through: through) else {
-                return apply(
-                    state.machine.close(code: .protocolError, reason: "the peer acknowledged frame \(through), which was never sent"),
-                    to: &state, from: .read)
+                // from a peer that kept the pair this side dropped (see PeerChannel.receive)
+                let reason =
+                    channel.hasSentNothing
+                    ? "the peer acknowledged frame \(through) of an exchange this side had dropped and kept nothing of: both sides start over (what was not acknowledged is lost)"
+                    : "the peer acknowledged frame \(through), which was never sent"
+                return apply(state.machine.close(code: .protocolError, reason: reason), to: &state, from: .read)
             }
             return []
         case .sequenced(let frame, let sequence):

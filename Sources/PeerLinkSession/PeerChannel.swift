@@ -294,6 +294,13 @@ public final class PeerChannel: Sendable {
     func receive(_ frame: Frame, sequence: UInt64, on link: Link, at now: Duration) -> Receipt {
         state.withLock { state -> Receipt in
             guard state.closure == nil else { return .dropped }
+            // Nothing taken from the peer yet, and it numbers past 1: it goes on with an exchange
+            // this side no longer has (this side dropped the pair, its grace over or its dial
+            // refused, while the peer kept it). Taking what follows would silently lose what lies
+            // between, both ways: the link ends instead, and both sides start the pair over.
+            if state.continuity.received == 0, sequence > 1 {
+                return .violation(WireError(.protocolError, Self.stalePairReason(sequence: sequence)))
+            }
             let hadDeadline = state.continuity.acknowledgmentDeadline != nil
             let wasPending = state.continuity.acknowledgmentPending
             let arrival = state.continuity.receive(sequence, size: FrameScheduler.size(of: frame), at: now)
@@ -324,6 +331,15 @@ public final class PeerChannel: Sendable {
             }
         }
     }
+
+    /// Why a link ends when the peer goes on with an exchange this side no longer has.
+    static func stalePairReason(sequence: UInt64) -> String {
+        "the peer resumed its messages at frame \(sequence), but this side had dropped the pair and kept nothing of it: both sides start over (what was not acknowledged is lost)"
+    }
+
+    /// Whether this side has never sent the peer a sequenced frame (so an acknowledgement of
+    /// one is about an exchange this side no longer has).
+    var hasSentNothing: Bool { state.withLock { $0.continuity.nextSequence == 1 } }
 
     /// What a held peer may still send past its unacknowledged-bytes limit before its link is
     /// closed (code 11): what an honest peer flushes as its session ends.

@@ -298,7 +298,9 @@ extension PeerSession {
 
     /// Keeps each channel in step with the state machine (under the lock): it writes on the
     /// link the state machine sends the peer's frames on, and it ends once the peer is gone
-    /// (not connected, no link left, not being reconnected).
+    /// (not a member, no link left, not being reconnected) — also when automatic mode invites
+    /// it again at once: the pair's next membership starts afresh on both sides, and a peer
+    /// that kept the old one is told (see `PeerChannel.receive`), not answered with silence.
     ///
     /// Once the session stops, channels stay as they are: each link being closed writes what
     /// its channel still holds ahead of its `GO_AWAY`, and ``run()`` closes the channels last.
@@ -310,7 +312,7 @@ extension PeerSession {
             // the usual case, on every message: the channel writes on the link it should
             if let target, channel.activeLink === target { continue }
             let links = core.machine.links(to: peer)
-            if links.isEmpty, !core.machine.isReconnecting(peer), core.machine.state(of: peer) == .notConnected {
+            if links.isEmpty, !core.machine.isReconnecting(peer), core.machine.state(of: peer) != .connected {
                 core.channels[fingerprint] = nil
                 channel.close(PeerLinkError(.notConnected, "\(peer) left the session"))
                 core.outbox.add { channel.deliverPending() }

@@ -139,6 +139,56 @@ struct SessionLivenessTests {
         #expect(net.connected(1) == [0, 2])
     }
 
+    /// A member that restarted and came back by its own dial, whose link is lost before
+    /// discovery saw its new endpoints: nothing listening at the old run's endpoints says
+    /// nothing about the new run, so it is waited for (and comes back) instead of leaving. Once
+    /// discovery gives endpoints seen after the new run, a refusal there ends it at once again.
+    @Test(arguments: [1, 2, 3] as [UInt64])
+    func aRefusalAtAnEarlierRunsEndpointsDoesNotEndARestartedMember(seed: UInt64) throws {
+        let policy = SessionPolicy(reconnectGrace: .seconds(30), redialInterval: .seconds(2))
+        var net = try SessionNet(["alice", "bob", "carol"], policy: policy, seed: seed)
+        net.incarnations = [0: .random(), 1: .random(), 2: .random()]
+        let oldRun = Endpoint.tcp(host: "10.0.0.2", port: 4001)
+        net.apply(0, net.nodes[0].machine.peerFound(net.peer(1), endpoints: [oldRun], at: net.now))
+        _ = try net.invite(0, 1)
+        try SessionMeshTests.runAcceptingEverything(&net)
+        _ = try net.invite(0, 2)
+        try SessionMeshTests.runAcceptingEverything(&net)
+        try #require(net.connected(0) == [1, 2])
+
+        // bob restarts (another incarnation); carol invites him and he joins alice by his own
+        // dial: she never dials the new run
+        try net.restart(1, policy: policy)
+        net.run()
+        _ = try net.invite(2, 1)
+        try SessionMeshTests.runAcceptingEverything(&net)
+        try #require(net.connected(0) == [1, 2] && net.connected(1) == [0, 2], "\(net.connected(0)) \(net.connected(1)) \(net.connected(2)) \(net.events(1)) \(net.events(2).suffix(6))")
+        let leavesBefore = net.notConnectedEvents(0)
+
+        // the cut: alice dials the old run's port (refused), bob's dials fail until it heals
+        net.failingDials = [[0, 1], [1, 0]]
+        net.refusedDials = [[0, 1]]
+        net.breakLinks(between: 0, and: 1)
+        net.run()
+        #expect(net.connected(0) == [1, 2], "a refusal at the earlier run's endpoints does not end the new run")
+        net.advance(by: .seconds(5), tickEvery: .milliseconds(500))
+        #expect(net.connected(0) == [1, 2])
+        net.failingDials = [[0, 1]]
+        net.advance(by: .seconds(5), tickEvery: .milliseconds(500))
+        #expect(net.liveLinks(between: 0, and: 1) == 1, "bob's dial brought the pair back")
+        #expect(net.connected(0) == [1, 2] && net.connected(1) == [0, 2])
+        #expect(net.notConnectedEvents(0) == leavesBefore, "\(String(describing: Self.reason(net, 0, about: 1)))")
+
+        // discovery sees the new run's endpoints: a refusal there is the new run gone
+        net.apply(0, net.nodes[0].machine.peerUpdated(net.peer(1), endpoints: [.tcp(host: "10.0.0.2", port: 4002)], at: net.now))
+        net.failingDials = [[0, 1], [1, 0]]
+        net.breakLinks(between: 0, and: 1)
+        net.run()
+        #expect(net.connected(0) == [2])
+        let reason = try #require(Self.reason(net, 0, about: 1))
+        #expect(reason.contains("nothing listens"), "\(reason)")
+    }
+
     /// A full session whose member lost its link gives that member's place to a peer that is
     /// here and asks for it, rather than refusing it for the whole grace: peers that join and
     /// drop their links at once cannot keep newcomers out.

@@ -17,10 +17,10 @@ struct ContinuityRuntimeTests {
         var allEndpoints: [Endpoint] { tcp.localEndpoints + node.listener.localEndpoints }
     }
 
-    static func node(_ name: String, network: MemoryNetwork, log: TestLog) throws -> Node {
+    static func node(_ name: String, network: MemoryNetwork, log: TestLog, reconnectGrace: Duration = .seconds(30)) throws -> Node {
         let configuration = PeerSessionConfiguration(
             identity: .generate(), displayName: try DisplayName(name), serviceType: SessionNode.chat, encryption: .required,
-            policy: SessionPolicy(automatic: true, automaticFallback: .seconds(2)))
+            policy: SessionPolicy(automatic: true, automaticFallback: .seconds(2), reconnectGrace: reconnectGrace))
         let memory = try network.listen(name: name)
         let tcp = try TCPTransportListener(host: "127.0.0.1")
         let session = PeerSession(
@@ -222,6 +222,57 @@ struct ContinuityRuntimeTests {
             #expect(texts == ["before"] + (1...5).map { "during \($0)" })
             #expect(!ana.node.log.events.contains { if case .peerStateChanged(_, .notConnected, _) = $0 { true } else { false } })
             #expect(!bo.node.log.events.contains { if case .peerStateChanged(_, .notConnected, _) = $0 { true } else { false } })
+        }
+    }
+
+    @Test(
+        "a pair one side dropped (its grace is off) while the other kept it and dials back: the stale numbering is seen and the pair starts over, so messages flow again instead of vanishing, and a line held meanwhile arrives or its sender is told"
+    )
+    func aPairDroppedOnOneSideStartsOverOnBoth() async throws {
+        let network = MemoryNetwork()
+        let log = TestLog()
+        let ana = try Self.node("ana", network: network, log: log, reconnectGrace: .zero)
+        let bo = try Self.node("bo", network: network, log: log)
+        defer {
+            ana.tcp.close()
+            bo.tcp.close()
+        }
+        try await withRunning([ana.node, bo.node]) {
+            Self.find(ana, bo, at: bo.memoryEndpoints)
+            Self.find(bo, ana, at: ana.memoryEndpoints)
+            try await ana.node.log.wait("Ana sees Bo connected") { $0.state(of: bo.node.peer) == .connected }
+            try await bo.node.log.wait("Bo sees Ana connected") { $0.state(of: ana.node.peer) == .connected }
+            try await bo.node.session.send(Array("before".utf8), to: [ana.node.peer])
+            #expect(await bo.node.session.waitUntilDelivered(within: .seconds(5)), "Ana acknowledges the first line")
+            // The links fail without a word. Ana drops Bo at once (no grace); Bo keeps Ana, holds
+            // a line for her and dials her again: a pair only Bo still has.
+            network.cut("ana")
+            network.cut("bo")
+            for link in ana.node.session.links(to: bo.node.peer) { link.channel.close() }
+            for link in bo.node.session.links(to: ana.node.peer) { link.channel.close() }
+            try await bo.node.session.send(Array("held".utf8), to: [ana.node.peer])
+            var finished = false
+            defer { if !finished { Issue.record("the sessions' log:\n\(log.transcript(last: 80))") } }
+            // Automatic mode brings them together again, on a pair both sides have afresh.
+            try await bo.node.log.wait("Bo sees Ana", within: .seconds(20)) { $0.state(of: ana.node.peer) == .connected }
+            try await ana.node.log.wait("Ana sees Bo again", within: .seconds(20)) { $0.state(of: bo.node.peer) == .connected }
+            try await bo.node.session.send(Array("again".utf8), to: [ana.node.peer])
+            try await ana.node.session.send(Array("back".utf8), to: [bo.node.peer])
+            try await ana.node.log.wait("Bo's new line at Ana", within: .seconds(10)) { events in
+                events.messages(from: bo.node.peer).contains(Array("again".utf8))
+            }
+            try await bo.node.log.wait("Ana's line at Bo", within: .seconds(10)) { events in
+                events.messages(from: ana.node.peer).contains(Array("back".utf8))
+            }
+            let atAna = ana.node.log.events.messages(from: bo.node.peer).map { String(decoding: $0, as: UTF8.self) }
+            #expect(atAna.first == "before" && atAna.last == "again" && atAna.filter { $0 == "before" }.count == 1, "\(atAna)")
+            // The line Bo held arrived, or Bo was told why it may not have: never lost unsaid.
+            let told = bo.node.log.events.contains { event in
+                if case .peerStateChanged(ana.node.peer, .notConnected, let reason) = event { return reason?.contains("dropped the pair") == true }
+                return false
+            }
+            #expect(atAna.contains("held") || told, "\(atAna)")
+            finished = true
         }
     }
 }

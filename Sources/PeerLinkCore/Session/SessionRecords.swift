@@ -7,6 +7,11 @@ struct PeerRecord: Sendable {
     /// In the session: messages may be sent to it.
     var isMember = false
     var endpoints: [Endpoint] = []
+    /// When discovery (or the app) last gave ``endpoints``.
+    var endpointsAt: Duration?
+    /// A link this side dialled reached the peer's current incarnation since ``endpoints`` last
+    /// changed: they are that run's.
+    var endpointsReached = false
     /// A `.dial` is out and not answered yet.
     var dialing = false
     /// Established links to the peer, oldest first.
@@ -47,6 +52,8 @@ struct PeerRecord: Sendable {
     var foundAt: Duration?
     /// The peer's incarnation, as its links' hellos say (nil: not known, or it does not resume).
     var incarnation: Incarnation?
+    /// When a link carried another incarnation than the one known before (the peer restarted).
+    var restartSeenAt: Duration?
     /// The id the next reliable message to this peer gets (ids count per peer, not per link,
     /// since a message's chunks may cross a link change).
     var nextMessageID: UInt32 = 1
@@ -79,6 +86,24 @@ struct PeerRecord: Sendable {
     struct PendingJoin: Hashable, Sendable {
         var link: LinkID
         var deadline: Duration
+    }
+
+    /// Discovery (or the app) gives the peer's endpoints at `now` (none: nothing changes).
+    mutating func noteEndpoints(_ given: [Endpoint], at now: Duration) {
+        guard !given.isEmpty else { return }
+        if given != endpoints { endpointsReached = false }
+        endpoints = given
+        endpointsAt = now
+    }
+
+    /// Whether ``endpoints`` belong to the peer's current run, so that nothing listening at any
+    /// of them means that run is gone: no restart of the peer was seen, or a dial there reached
+    /// the new run, or discovery gave them after the restart was seen. Otherwise they may be the
+    /// earlier run's: a peer restarted just before its link was lost listens elsewhere now, and
+    /// discovery has not seen that yet (a cut that came before its announcement).
+    var endpointsAreCurrent: Bool {
+        guard let since = restartSeenAt else { return true }
+        return endpointsReached || (endpointsAt.map { $0 >= since } ?? false)
     }
 
     func answer(for wireID: UInt32) -> Answer? {

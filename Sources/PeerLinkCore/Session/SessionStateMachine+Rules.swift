@@ -311,6 +311,11 @@ extension SessionStateMachine {
     /// everything that was under way with it.
     mutating func restarted(_ peer: PeerID) {
         guard var record = peers[peer.fingerprint] else { return }
+        // An invitation that never went out on a link of the old run (that run had left, and
+        // the app invited the peer again) is for the new run: it goes on.
+        let forNewRun = record.outgoingInvitation.flatMap { id in
+            outgoing[id].flatMap { invitation in invitation.sentOn.map { links[$0] == nil } ?? true } == true ? id : nil
+        }
         for link in record.links { close(link, code: .normal, reason: "\(peer) started anew") }
         record = peers[peer.fingerprint]!
         record.reconnectDeadline = nil
@@ -321,8 +326,19 @@ extension SessionStateMachine {
         // The answers given to the old run's invitations: the new run numbers its own from the
         // start again, and an INVITE of it must not be taken for the old one sent anew.
         record.answers.removeAll()
+        if forNewRun != nil { record.outgoingInvitation = nil }
+        // So is a join under way with it (an announcement, a roster naming it): the session knows
+        // the peer, not its runs, and the old run had left.
+        let (announced, joining) = record.isMember ? (nil, nil) : (record.announcedDeadline, record.joiningDeadline)
         peers[peer.fingerprint] = record
         lose(peer.fingerprint, reason: "\(peer) started anew (its process restarted)")
+        peers[peer.fingerprint]!.announcedDeadline = announced
+        peers[peer.fingerprint]!.joiningDeadline = joining
+        if let forNewRun {
+            peers[peer.fingerprint]!.outgoingInvitation = forNewRun
+            outgoing[forNewRun]!.sentOn = nil
+            peers[peer.fingerprint]!.outbox.enqueue(.invite(forNewRun))
+        }
     }
 
     /// The peer's endpoints, best ranked transport first.

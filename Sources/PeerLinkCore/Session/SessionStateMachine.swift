@@ -303,7 +303,7 @@ public struct SessionStateMachine: Sendable {
             throw PeerLinkError(.invalidParameter, "an invitation's timeout must be between 1 ms and about 49 days")
         }
         var record = peers[fingerprint] ?? PeerRecord(id: peer)
-        if !endpoints.isEmpty { record.endpoints = endpoints }
+        record.noteEndpoints(endpoints, at: now)
         guard !record.isMember else {
             throw PeerLinkError(.invalidParameter, "\(peer) is already connected")
         }
@@ -515,7 +515,7 @@ public struct SessionStateMachine: Sendable {
         if !record.found { record.foundAt = now }
         record.found = true
         record.autoBlocked = false
-        if !endpoints.isEmpty { record.endpoints = endpoints }
+        record.noteEndpoints(endpoints, at: now)
         peers[peer.fingerprint] = record
         noteUpgrade(peer.fingerprint)
         settle()
@@ -529,7 +529,7 @@ public struct SessionStateMachine: Sendable {
     public mutating func peerUpdated(_ peer: PeerID, endpoints: [Endpoint], at time: Duration) -> [SessionAction] {
         advance(to: time)
         guard var record = peers[peer.fingerprint], !endpoints.isEmpty else { return takeActions() }
-        record.endpoints = endpoints
+        record.noteEndpoints(endpoints, at: now)
         peers[peer.fingerprint] = record
         noteUpgrade(peer.fingerprint)
         settle()
@@ -577,8 +577,17 @@ public struct SessionStateMachine: Sendable {
         }
         var record = peers[peer.fingerprint] ?? PeerRecord(id: peer)
         record.id = peer
-        if let incarnation { record.incarnation = incarnation }
-        if dialedLocally { record.dialing = false }
+        if let incarnation, record.incarnation != incarnation {
+            if record.incarnation != nil {
+                record.restartSeenAt = now
+                record.endpointsReached = false
+            }
+            record.incarnation = incarnation
+        }
+        if dialedLocally {
+            record.dialing = false
+            record.endpointsReached = true
+        }
         record.links.append(link)
         record.replacementDeadline = nil
         record.reconnectDeadline = nil
@@ -598,12 +607,14 @@ public struct SessionStateMachine: Sendable {
     /// - Parameter refused: every endpoint dialled answered that nothing listens there
     ///   (`ECONNREFUSED`): the machine is reachable and the peer's session is gone. A member
     ///   being reconnected leaves at once then, instead of at the end of its grace — a peer
-    ///   that comes back is another run of it (another incarnation) anyway.
+    ///   that comes back is another run of it (another incarnation) anyway. Not when the
+    ///   endpoints may be an earlier run's (the member restarted just before, and discovery has
+    ///   not seen its new endpoints yet): it is dialled again within its grace, and it dials too.
     public mutating func dialFailed(_ peer: PeerID, reason: String, refused: Bool = false, at time: Duration) -> [SessionAction] {
         advance(to: time)
         if var record = peers[peer.fingerprint], record.dialing {
             record.dialing = false
-            if refused, record.reconnectDeadline != nil, record.links.isEmpty {
+            if refused, record.reconnectDeadline != nil, record.links.isEmpty, record.endpointsAreCurrent {
                 record.reconnectDeadline = nil
                 record.redialAt = nil
                 peers[peer.fingerprint] = record
