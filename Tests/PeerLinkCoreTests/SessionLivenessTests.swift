@@ -139,6 +139,24 @@ struct SessionLivenessTests {
         #expect(net.connected(1) == [0, 2])
     }
 
+    /// The app invites a peer whose previous run left: the link of the new run names another
+    /// incarnation, and the invitation goes on with that run (it never went to the old one).
+    @Test(arguments: [1, 2, 3] as [UInt64])
+    func anInvitationToARestartedPeerReachesTheNewRun(seed: UInt64) throws {
+        var net = try SessionNet(["alice", "bob"], seed: seed)
+        net.incarnations = [0: .random(), 1: .random()]
+        _ = try net.invite(0, 1)
+        try SessionMeshTests.runAcceptingEverything(&net)
+        try #require(net.connected(0) == [1])
+        try net.restart(1, policy: .default)
+        net.run()
+        #expect(net.connected(0).isEmpty)
+        let again = try net.invite(0, 1)
+        try SessionMeshTests.runAcceptingEverything(&net)
+        #expect(net.results(0)[again] == .accepted, "\(net.results(0))")
+        #expect(net.connected(0) == [1] && net.connected(1) == [0])
+    }
+
     /// A member that restarted and came back by its own dial, whose link is lost before
     /// discovery saw its new endpoints: nothing listening at the old run's endpoints says
     /// nothing about the new run, so it is waited for (and comes back) instead of leaving. Once

@@ -316,6 +316,11 @@ extension SessionStateMachine {
         let forNewRun = record.outgoingInvitation.flatMap { id in
             outgoing[id].flatMap { invitation in invitation.sentOn.map { links[$0] == nil } ?? true } == true ? id : nil
         }
+        // So is a join under way with it (an announcement, a roster naming it): the session knows
+        // the peer, not its runs, and the old run was no member. (Read before the old run's links
+        // close, which may forget them.)
+        let (announced, joining) = record.isMember ? (nil, nil) : (record.announcedDeadline, record.joiningDeadline)
+        if forNewRun != nil { peers[peer.fingerprint]!.outgoingInvitation = nil }
         for link in record.links { close(link, code: .normal, reason: "\(peer) started anew") }
         record = peers[peer.fingerprint]!
         record.reconnectDeadline = nil
@@ -326,15 +331,11 @@ extension SessionStateMachine {
         // The answers given to the old run's invitations: the new run numbers its own from the
         // start again, and an INVITE of it must not be taken for the old one sent anew.
         record.answers.removeAll()
-        if forNewRun != nil { record.outgoingInvitation = nil }
-        // So is a join under way with it (an announcement, a roster naming it): the session knows
-        // the peer, not its runs, and the old run had left.
-        let (announced, joining) = record.isMember ? (nil, nil) : (record.announcedDeadline, record.joiningDeadline)
         peers[peer.fingerprint] = record
         lose(peer.fingerprint, reason: "\(peer) started anew (its process restarted)")
         peers[peer.fingerprint]!.announcedDeadline = announced
         peers[peer.fingerprint]!.joiningDeadline = joining
-        if let forNewRun {
+        if let forNewRun, outgoing[forNewRun] != nil {
             peers[peer.fingerprint]!.outgoingInvitation = forNewRun
             outgoing[forNewRun]!.sentOn = nil
             peers[peer.fingerprint]!.outbox.enqueue(.invite(forNewRun))
