@@ -22,4 +22,10 @@ extension Endpoint {
     static func rfcomm(address: BluetoothAddress, channel: RFCOMMChannel) -> Endpoint {
         Endpoint(SampleEndpoint(kind: "rfcomm", text: "bt://\(address)/rfcomm/\(channel)"))
     }
+
+    /// An endpoint of a transport no policy ranks (the session tests' links rank 0 too, so
+    /// knowing it never makes a pair upgrade).
+    static func unranked(_ name: String, kind: TransportKind = "sample") -> Endpoint {
+        Endpoint(SampleEndpoint(kind: kind, text: "\(kind)://\(name)"))
+    }
 }

@@ -107,6 +107,49 @@ struct SessionAutomaticTests {
         #expect(net.connected(stayer).isEmpty)
     }
 
+    /// A peer that left is called back once discovery finds it at another endpoint of the same
+    /// transport, without losing it first: a new run of it (a restarted chat) listens elsewhere.
+    /// Whichever of the pair restarts, they are together again well before the fallback (10 s)
+    /// would bring them.
+    @Test(arguments: [0, 1])
+    func aPeerThatLeftIsCalledBackWhenFoundAtAnotherPort(leaver: Int) throws {
+        var net = try SessionNet(["ann", "bob"], policy: Self.automatic, seed: 7)
+        net.incarnations = [0: .random(), 1: .random()]
+        let stayer = 1 - leaver
+        net.apply(stayer, net.nodes[stayer].machine.peerFound(net.peer(leaver), endpoints: [.unranked("leaver-run-1")], at: net.now))
+        net.apply(leaver, net.nodes[leaver].machine.peerFound(net.peer(stayer), endpoints: [.unranked("stayer")], at: net.now))
+        net.run()
+        net.advance(by: .seconds(12), tickEvery: .seconds(1))
+        try #require(net.connected(stayer) == [leaver])
+        // (the smaller of the two invites at once when it is the one restarted; the greater
+        // would wait for the fallback)
+        try net.restart(leaver, policy: Self.automatic, rediscovered: false)
+        net.run()
+        net.apply(stayer, net.nodes[stayer].machine.peerUpdated(net.peer(leaver), endpoints: [.unranked("leaver-run-2")], at: net.now))
+        net.run()
+        net.advance(by: .seconds(3), tickEvery: .seconds(1))
+        #expect(net.connected(stayer) == [leaver] && net.connected(leaver) == [stayer])
+    }
+
+    /// Found on another transport as well (an endpoint added, none replaced) is not a new run:
+    /// a peer that left stays left.
+    @Test func aPeerThatLeftIsNotCalledBackForAnAddedTransport() throws {
+        var net = try SessionNet(["ann", "bob"], policy: Self.automatic, seed: 7)
+        let lan = Endpoint.unranked("bob")
+        net.apply(0, net.nodes[0].machine.peerFound(net.peer(1), endpoints: [lan], at: net.now))
+        net.apply(1, net.nodes[1].machine.peerFound(net.peer(0), at: net.now))
+        net.run()
+        net.advance(by: .seconds(12), tickEvery: .seconds(1))
+        try #require(net.connected(0) == [1])
+        net.disconnect(1)
+        net.run()
+        let connectionsAfterLeaving = net.connections.count
+        let other = Endpoint.unranked("bob", kind: "other")
+        net.apply(0, net.nodes[0].machine.peerUpdated(net.peer(1), endpoints: [lan, other], at: net.now))
+        net.advance(by: .seconds(30), tickEvery: .seconds(1))
+        #expect(net.connections.count == connectionsAfterLeaving, "the remaining peer dialled the peer that left")
+    }
+
     /// Over all seeds the simulation did make both peers of a pair dial each other at once (the
     /// duplicate-link tie-break ran), so convergence above is not luck of a gentle order.
     @Test func theConvergenceRunsDoExerciseDuplicateLinks() throws {

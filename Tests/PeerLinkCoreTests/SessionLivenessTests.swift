@@ -166,7 +166,7 @@ struct SessionLivenessTests {
         let policy = SessionPolicy(reconnectGrace: .seconds(30), redialInterval: .seconds(2))
         var net = try SessionNet(["alice", "bob", "carol"], policy: policy, seed: seed)
         net.incarnations = [0: .random(), 1: .random(), 2: .random()]
-        let oldRun = Endpoint.tcp(host: "10.0.0.2", port: 4001)
+        let oldRun = Endpoint.unranked("bob-run-1")
         net.apply(0, net.nodes[0].machine.peerFound(net.peer(1), endpoints: [oldRun], at: net.now))
         _ = try net.invite(0, 1)
         try SessionMeshTests.runAcceptingEverything(&net)
@@ -198,7 +198,7 @@ struct SessionLivenessTests {
         #expect(net.notConnectedEvents(0) == leavesBefore, "\(String(describing: Self.reason(net, 0, about: 1)))")
 
         // discovery sees the new run's endpoints: a refusal there is the new run gone
-        net.apply(0, net.nodes[0].machine.peerUpdated(net.peer(1), endpoints: [.tcp(host: "10.0.0.2", port: 4002)], at: net.now))
+        net.apply(0, net.nodes[0].machine.peerUpdated(net.peer(1), endpoints: [.unranked("bob-run-2")], at: net.now))
         net.failingDials = [[0, 1], [1, 0]]
         net.breakLinks(between: 0, and: 1)
         net.run()

@@ -340,8 +340,9 @@ struct SessionNet {
 
     /// Node `node`'s process restarts: it leaves (`GO_AWAY` 0 on every link), a fresh machine
     /// with the same identity and a new incarnation takes its place, the others' discovery loses
-    /// it and finds it again, and it finds them.
-    mutating func restart(_ node: Int, policy: SessionPolicy) throws {
+    /// it and finds it again (unless `rediscovered` is false: the test reports what they see),
+    /// and it finds them.
+    mutating func restart(_ node: Int, policy: SessionPolicy, rediscovered: Bool = true) throws {
         disconnect(node)
         run()
         let session = SessionID(bytes: [UInt8](repeating: UInt8(node + 1), count: 16))!
@@ -350,8 +351,10 @@ struct SessionNet {
         nodes[node].ready = []
         incarnations[node] = .random()
         for other in nodes.indices where other != node {
-            apply(other, nodes[other].machine.peerLost(peer(node), at: now))
-            discoveries.append((other, node))
+            if rediscovered {
+                apply(other, nodes[other].machine.peerLost(peer(node), at: now))
+                discoveries.append((other, node))
+            }
             discoveries.append((node, other))
         }
     }

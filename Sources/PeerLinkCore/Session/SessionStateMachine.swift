@@ -523,12 +523,20 @@ public struct SessionStateMachine: Sendable {
     }
 
     /// Discovery has new endpoints for `peer`, found before (another transport found it, an
-    /// address changed). Only the endpoints change: a member found on a better ranked transport
-    /// than its link's is upgraded (see ``SessionPolicy/transportRanks``); nothing else is
-    /// decided again (a peer that left on purpose is not called back).
+    /// address changed). Mostly only the endpoints change: a member found on a better ranked
+    /// transport than its link's is upgraded (see ``SessionPolicy/transportRanks``). A peer that
+    /// left on purpose is not called back by automatic mode, unless an endpoint of one of its
+    /// transports was replaced by another (a restarted chat listens on another port, and
+    /// discovery reports that without losing the peer first): that is likely a new run of it,
+    /// and it is invited as after a loss and a find.
     public mutating func peerUpdated(_ peer: PeerID, endpoints: [Endpoint], at time: Duration) -> [SessionAction] {
         advance(to: time)
         guard var record = peers[peer.fingerprint], !endpoints.isEmpty else { return takeActions() }
+        let previous = record.endpoints
+        let replaced = previous.contains { old in
+            !endpoints.contains(old) && endpoints.contains { $0.kind == old.kind && !previous.contains($0) }
+        }
+        if replaced { record.autoBlocked = false }
         record.noteEndpoints(endpoints, at: now)
         peers[peer.fingerprint] = record
         noteUpgrade(peer.fingerprint)
