@@ -50,3 +50,18 @@ extension Sys {
         _ = Glibc.read(fd, &value, 8)
     }
 }
+
+// flock(2) comes through the same C module (the Glibc module does not bring it in).
+extension Sys {
+    /// An exclusive advisory lock on `fd`'s file without waiting: false when another open file
+    /// description holds one.
+    package static func tryLockExclusive(_ fd: Int32) throws(SystemError) -> Bool {
+        while true {
+            if peerlink_flock(fd, LOCK_EX | LOCK_NB) == 0 { return true }
+            let code = Glibc.errno
+            if code == EINTR { continue }
+            if code == EWOULDBLOCK { return false }
+            throw SystemError("flock", errno: code)
+        }
+    }
+}

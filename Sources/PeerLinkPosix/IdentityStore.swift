@@ -29,6 +29,43 @@ public enum IdentityStore {
         public var warning: String?
     }
 
+    /// The identity files this process claimed, open (the claim lasts while they are).
+    private static let claimed = Locked<[String: Int32]>([:])
+
+    /// Claims the identity file at `path` for this process: an advisory lock held until the
+    /// process ends. Returns a warning when another process holds it already (a second
+    /// `peerlink` started with the same identity): peers cannot tell two sessions of one
+    /// identity apart, and take them for one peer whose runs keep replacing each other. Nil when
+    /// the claim holds, was made before, or the file cannot be locked (nothing to say then).
+    public static func claim(_ path: String) -> String? {
+        claimed.withLock { claimed -> String? in
+            guard claimed[path] == nil, let fd = try? Sys.open(path, O_RDONLY, 0) else { return nil }
+            guard let locked = try? Sys.tryLockExclusive(fd) else {
+                Sys.close(fd)
+                return nil
+            }
+            guard locked else {
+                Sys.close(fd)
+                return "another process on this machine uses the identity in \(path): its peers cannot tell the two apart and take them for one peer restarting again and again; give one of them an identity of its own (--identity FILE)"
+            }
+            claimed[path] = fd
+            return nil
+        }
+    }
+
+    /// An exclusive lock on `fd`'s file, as a claim takes it (tests stand in for another
+    /// process with it): false when it is held elsewhere or cannot be taken.
+    public static func tryLock(_ fd: Int32) -> Bool {
+        (try? Sys.tryLockExclusive(fd)) ?? false
+    }
+
+    /// Ends this process's claim on `path` (tests; a tool keeps its claim until it exits).
+    public static func release(_ path: String) {
+        claimed.withLock { claimed in
+            if let fd = claimed.removeValue(forKey: path) { Sys.close(fd) }
+        }
+    }
+
     /// Reads the identity at `path`, creating a new one if no file exists there.
     public static func loadOrCreate(at path: String) throws(PeerLinkError) -> Loaded {
         do {

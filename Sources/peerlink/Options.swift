@@ -19,6 +19,7 @@ struct PeerOptions: ParsableArguments {
             printError("peerlink: created a new identity in \(loaded.path) (id \(loaded.identity.fingerprint.grouped))")
         }
         if let warning = loaded.warning { printError("peerlink: warning: \(warning)") }
+        if let warning = IdentityStore.claim(loaded.path) { printError("peerlink: warning: \(warning)") }
         return loaded.identity
     }
 
