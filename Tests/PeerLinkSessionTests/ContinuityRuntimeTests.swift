@@ -46,6 +46,31 @@ struct ContinuityRuntimeTests {
             .updated(DiscoveredPeer(id: other.node.peer, protocolVersion: 1, endpoints: endpoints, info: try! DiscoveryInfo())))
     }
 
+    /// Ana and Bo, automatic, on the memory transport and loopback TCP, running for `body`
+    /// (with their network and log); Ana's reconnect grace is `anaGrace`.
+    static func withAnaAndBo(
+        anaGrace: Duration = .seconds(30), _ body: (MemoryNetwork, TestLog, Node, Node) async throws -> Void
+    ) async throws {
+        let network = MemoryNetwork()
+        let log = TestLog()
+        let ana = try node("ana", network: network, log: log, reconnectGrace: anaGrace)
+        let bo = try node("bo", network: network, log: log)
+        defer {
+            ana.tcp.close()
+            bo.tcp.close()
+        }
+        try await withRunning([ana.node, bo.node]) { try await body(network, log, ana, bo) }
+    }
+
+    /// Ana and Bo find each other on the memory transport, and wait until each sees the other
+    /// connected.
+    static func meet(_ ana: Node, _ bo: Node) async throws {
+        find(ana, bo, at: bo.memoryEndpoints)
+        find(bo, ana, at: ana.memoryEndpoints)
+        try await ana.node.log.wait("Ana sees Bo connected") { $0.state(of: bo.node.peer) == .connected }
+        try await bo.node.log.wait("Bo sees Ana connected") { $0.state(of: ana.node.peer) == .connected }
+    }
+
     static func transportChanges(_ events: [PeerSessionEvent], about peer: PeerID) -> [String] {
         events.compactMap { event in
             if case .peerTransportChanged(peer, let transport, _) = event { return transport }
@@ -57,20 +82,9 @@ struct ContinuityRuntimeTests {
         "a pair on a slower transport moves to TCP once it finds it (upgrade), then back when TCP fails (failover): every message once, in order; a stream goes on; nobody leaves"
     )
     func upgradeThenFailover() async throws {
-        let network = MemoryNetwork()
-        let log = TestLog()
-        let ana = try Self.node("ana", network: network, log: log)
-        let bo = try Self.node("bo", network: network, log: log)
-        defer {
-            ana.tcp.close()
-            bo.tcp.close()
-        }
-        try await withRunning([ana.node, bo.node]) {
+        try await Self.withAnaAndBo{ network, log, ana, bo in
             // They meet on the memory transport only.
-            Self.find(ana, bo, at: bo.memoryEndpoints)
-            Self.find(bo, ana, at: ana.memoryEndpoints)
-            try await ana.node.log.wait("Ana sees Bo connected") { $0.state(of: bo.node.peer) == .connected }
-            try await bo.node.log.wait("Bo sees Ana connected") { $0.state(of: ana.node.peer) == .connected }
+            try await Self.meet(ana, bo)
             #expect(await ana.node.session.info(for: bo.node.peer)?.transport == "memory")
 
             // Messages and a stream, both flowing through everything below.
@@ -148,15 +162,7 @@ struct ContinuityRuntimeTests {
 
     @Test("a member whose link is cut and whose process is gone leaves at once, not at the end of the grace")
     func aDeadPeerLeavesAtOnce() async throws {
-        let network = MemoryNetwork()
-        let log = TestLog()
-        let ana = try Self.node("ana", network: network, log: log)
-        let bo = try Self.node("bo", network: network, log: log)
-        defer {
-            ana.tcp.close()
-            bo.tcp.close()
-        }
-        try await withRunning([ana.node, bo.node]) {
+        try await Self.withAnaAndBo{ network, log, ana, bo in
             Self.find(ana, bo, at: bo.memoryEndpoints)
             Self.find(bo, ana, at: ana.memoryEndpoints)
             try await ana.node.log.wait("Ana sees Bo connected") { $0.state(of: bo.node.peer) == .connected }
@@ -195,19 +201,8 @@ struct ContinuityRuntimeTests {
 
     @Test("a link severed without a word is found dead by the keep-alive; the pair comes back on a new link within the grace and what was sent meanwhile arrives")
     func reconnectAfterASilentCut() async throws {
-        let network = MemoryNetwork()
-        let log = TestLog()
-        let ana = try Self.node("ana", network: network, log: log)
-        let bo = try Self.node("bo", network: network, log: log)
-        defer {
-            ana.tcp.close()
-            bo.tcp.close()
-        }
-        try await withRunning([ana.node, bo.node]) {
-            Self.find(ana, bo, at: bo.memoryEndpoints)
-            Self.find(bo, ana, at: ana.memoryEndpoints)
-            try await ana.node.log.wait("Ana sees Bo connected") { $0.state(of: bo.node.peer) == .connected }
-            try await bo.node.log.wait("Bo sees Ana connected") { $0.state(of: ana.node.peer) == .connected }
+        try await Self.withAnaAndBo{ network, log, ana, bo in
+            try await Self.meet(ana, bo)
             try await ana.node.session.send(Array("before".utf8), to: [bo.node.peer])
             try await bo.node.log.wait("the first line at Bo") { $0.messages(from: ana.node.peer).count == 1 }
             #expect(await ana.node.session.waitUntilDelivered(within: .seconds(5)), "Bo acknowledges the first line")
@@ -234,19 +229,8 @@ struct ContinuityRuntimeTests {
         "a pair one side dropped (its grace is off) while the other kept it and dials back: the stale numbering is seen and the pair starts over, so messages flow again both ways instead of vanishing for good"
     )
     func aPairDroppedOnOneSideStartsOverOnBoth() async throws {
-        let network = MemoryNetwork()
-        let log = TestLog()
-        let ana = try Self.node("ana", network: network, log: log, reconnectGrace: .zero)
-        let bo = try Self.node("bo", network: network, log: log)
-        defer {
-            ana.tcp.close()
-            bo.tcp.close()
-        }
-        try await withRunning([ana.node, bo.node]) {
-            Self.find(ana, bo, at: bo.memoryEndpoints)
-            Self.find(bo, ana, at: ana.memoryEndpoints)
-            try await ana.node.log.wait("Ana sees Bo connected") { $0.state(of: bo.node.peer) == .connected }
-            try await bo.node.log.wait("Bo sees Ana connected") { $0.state(of: ana.node.peer) == .connected }
+        try await Self.withAnaAndBo(anaGrace: .zero) { network, log, ana, bo in
+            try await Self.meet(ana, bo)
             // (Bo's line alone: Bo then acknowledges nothing of Ana's, so no acknowledgement of
             // frames Ana never sent gives the mismatch away; only the numbering can.)
             try await bo.node.session.send(Array("before".utf8), to: [ana.node.peer])
