@@ -313,8 +313,10 @@ extension SessionStateMachine {
         guard var record = peers[peer.fingerprint] else { return }
         // An invitation that never went out on a link of the old run (that run had left, and
         // the app invited the peer again) is for the new run: it goes on.
-        let forNewRun = record.outgoingInvitation.flatMap { id in
-            outgoing[id].flatMap { invitation in invitation.sentOn.map { links[$0] == nil } ?? true } == true ? id : nil
+        let forNewRun = record.outgoingInvitation.flatMap { id -> InvitationID? in
+            guard let invitation = outgoing[id] else { return nil }
+            if let sentOn = invitation.sentOn, links[sentOn] != nil { return nil }  // it went out to the old run
+            return id
         }
         // So is a join under way with it (an announcement, a roster naming it): the session knows
         // the peer, not its runs, and the old run was no member. (Read before the old run's links
