@@ -264,6 +264,10 @@ struct ContinuityRuntimeTests {
             #expect(arrived("back", at: bo, from: ana), "Ana's lines never reached Bo again: \(log.transcript(last: 60))")
             let atAna = ana.node.log.events.messages(from: bo.node.peer).map { String(decoding: $0, as: UTF8.self) }
             #expect(atAna.first == "before" && atAna.filter { $0 == "before" }.count == 1, "\(atAna)")
+            // What Bo sent while the pair was out of step either arrived, or Bo's app heard
+            // that its line to Ana was lost.
+            let boLeft = bo.node.log.events.contains { if case .peerStateChanged(ana.node.peer, let state, _) = $0 { state != .connected } else { false } }
+            #expect(atAna.contains("held") || boLeft, "Bo's held line vanished and Bo was never told: \(log.transcript(last: 80))")
         }
     }
 
