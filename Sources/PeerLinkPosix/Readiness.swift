@@ -46,6 +46,11 @@ package final class Readiness: @unchecked Sendable {
     private var sleeping = false
     /// An eventfd in the epoll set, signalled to wake the I/O thread for a job.
     private var wakeCounter: Int32 = -1
+    /// The I/O thread, once it runs.
+    private var ioThread: pthread_t?
+    /// When the I/O thread's current turn began (``Sys/monotonicNanoseconds()``): its
+    /// `epoll_wait` returned and it went on to the continuations and jobs that followed.
+    private var turnStarted: UInt64 = 0
 
     private static let hangUp = EPOLLERR.rawValue | EPOLLHUP.rawValue
 
@@ -156,11 +161,15 @@ package final class Readiness: @unchecked Sendable {
     }
 
     /// Queues `job` to run on the I/O thread, started if it was not, and wakes the thread if it
-    /// sleeps in `epoll_wait`. False when there is no I/O thread to be had (no epoll instance or
-    /// eventfd: the process is out of descriptors): the job is not queued.
+    /// sleeps in `epoll_wait`. False when the job is not queued: there is no I/O thread to be
+    /// had (no epoll instance or eventfd: the process is out of descriptors), or the job comes
+    /// from the I/O thread itself in a turn that has run for ``spillAfter`` already (a task
+    /// moving bulk on it, sealing or copying record after record): it then goes to another
+    /// thread rather than wait behind that work.
     func enqueue(_ job: UnownedJob) -> Bool {
         let queued = lock.withLock { () -> Bool? in
             guard (try? startIfNeeded()) != nil else { return nil }
+            if let ioThread, Sys.isCurrentThread(ioThread), Sys.monotonicNanoseconds() &- turnStarted > Self.spillAfter { return nil }
             jobs.append(job)
             defer { sleeping = false }
             return sleeping
@@ -195,6 +204,7 @@ package final class Readiness: @unchecked Sendable {
     }
 
     private func run() {
+        lock.withLock { ioThread = Sys.currentThread() }
         var events = [epoll_event](repeating: epoll_event(), count: 64)
         let executor = IOThreadExecutor.shared.asUnownedTaskExecutor()
         while true {
@@ -214,8 +224,10 @@ package final class Readiness: @unchecked Sendable {
                 continue
             }
             var ready: [CheckedContinuation<Void, any Error>] = []
+            let turn = Sys.monotonicNanoseconds()
             lock.withLock {
                 sleeping = false
+                turnStarted = turn
                 for event in events[0..<count] {
                     let fd = event.data.fd
                     if fd == wakeCounter {
@@ -260,6 +272,11 @@ package final class Readiness: @unchecked Sendable {
 
     /// Rounds of jobs run between two looks at the sockets (see ``run()``).
     private static let jobRounds = 8
+
+    /// How long a turn of the I/O thread may have run before the jobs it queues go to Swift's
+    /// pool instead (see ``enqueue(_:)``), in nanoseconds: four times what a turn of a small
+    /// message's round trip takes on a slow day, so round trips never hand a job over.
+    static let spillAfter: UInt64 = 200_000
 }
 
 /// Runs the jobs of the tasks that prefer it on PeerLink's I/O thread, the thread that waits for
@@ -280,21 +297,27 @@ package final class Readiness: @unchecked Sendable {
 /// }
 /// ```
 ///
-/// Everything that prefers it then runs on one thread, one CPU: round trips are shorter and
-/// bulk transfers slower (sealing, opening and the app's work no longer spread over the
-/// machine's CPUs); see the Performance article for both. Like any event loop, it must never be
-/// blocked: code that waits on a lock held across I/O, sleeps, or reads a file at length
-/// belongs on another executor.
+/// Everything that prefers it then runs on one thread while the work comes in small steps: round
+/// trips are shorter. When a turn of the I/O thread has run for 200 µs (a bulk transfer sealing
+/// or copying record after record), the jobs it queues from then on until its next look at the
+/// sockets go to Swift's pool, so bulk work spreads over the machine's CPUs again, if less
+/// evenly than on the pool alone; see the Performance article for both. So a task that prefers
+/// it may run on a pool thread for a while: it is a preference, not a guarantee of one thread
+/// (no `TaskExecutor` is). Like any event loop, it must never be blocked: code that waits on a
+/// lock held across I/O, sleeps, or reads a file at length belongs on another executor, since
+/// the sockets of every link wait while it runs.
 public final class IOThreadExecutor: TaskExecutor, Sendable {
     /// The one I/O thread's executor (the thread starts with its first job or socket wait).
     public static let shared = IOThreadExecutor()
 
     private init() {}
 
-    /// Queues `job` for the I/O thread, waking it if it sleeps.
+    /// Queues `job` for the I/O thread, waking it if it sleeps; or hands it to Swift's pool when
+    /// the I/O thread queues it late in a long turn.
     public func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
-        // Without an I/O thread (the process is out of descriptors) the job still runs.
+        // Not queued (the I/O thread busy for a while, or none to be had because the process is
+        // out of descriptors): the job runs on the pool.
         if !Readiness.shared.enqueue(job) { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
     }
 }

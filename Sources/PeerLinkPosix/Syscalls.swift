@@ -217,6 +217,19 @@ package enum Sys {
         _ = nanosleep(&request, nil)
     }
 
+    /// Nanoseconds on the monotonic clock (the vDSO: no system call).
+    package static func monotonicNanoseconds() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return UInt64(time.tv_sec) &* 1_000_000_000 &+ UInt64(time.tv_nsec)
+    }
+
+    /// The calling thread, to be told apart from others with ``isCurrentThread(_:)``.
+    package static func currentThread() -> pthread_t { pthread_self() }
+
+    /// Whether `thread` (from ``currentThread()``) is the calling thread.
+    package static func isCurrentThread(_ thread: pthread_t) -> Bool { pthread_equal(thread, pthread_self()) != 0 }
+
     /// Names the calling thread as `top -H`, `perf` and debuggers show it (Linux keeps 15 bytes).
     /// Foundation's `Thread.name` does not reach the system's thread name on Linux: a thread
     /// that wants one names itself when it starts.

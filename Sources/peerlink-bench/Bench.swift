@@ -50,8 +50,8 @@ struct Bench: AsyncParsableCommand {
     var encryption: String?
 
     /// What `--only` can name over TCP (`rtt` and `rtt_under_bulk` give their p50 and p99 rows;
-    /// `io_thread`, 64 B messages and round trips with both sessions and their apps on
-    /// PeerLink's I/O thread, ``IOThreadExecutor``).
+    /// `io_thread`, 64 B and 64 KiB messages and round trips with both sessions and their apps
+    /// on PeerLink's I/O thread, ``IOThreadExecutor``).
     static let measurements = [
         "aead_limit", "connect", "messages_64B", "messages_1KiB", "messages_64KiB", "messages_1MiB", "stream", "rtt",
         "rtt_under_bulk", "io_thread", "mesh8",
@@ -186,6 +186,12 @@ struct Bench: AsyncParsableCommand {
                 report.throughput(
                     "64 B messages, on the I/O thread", key: "messages_64B_io_thread", encryption: encryption, bytes: total,
                     messageSize: 64, session: session, raw: raw)
+                // Bulk too: everything on one thread is what opting in costs.
+                let large = try await pair.throughput(messageSize: 64 * 1024, total: volume)
+                let rawLarge = try RawTCP.throughput(messageSize: 64 * 1024, total: volume)
+                report.throughput(
+                    "64 KiB messages, on the I/O thread", key: "messages_64KiB_io_thread", encryption: encryption, bytes: volume,
+                    session: large, raw: rawLarge)
                 let times = try await pair.roundTrips(samples: samples, duringBulk: false)
                 let rawRTT = try RawTCP.roundTrips(size: 64, samples: samples)
                 report.latency(
