@@ -301,7 +301,7 @@ struct ContinuityRuntimeTests {
             try await ana.node.log.wait("the first run left") { $0.state(of: bo) == .notConnected }
 
             // The second run listens elsewhere and comes to Ana by its own dial.
-            _ = Task { await second.node.run() }  // until `kill` below
+            let secondRun = Task { await second.node.run() }  // until `kill` below
             let secondLog = Task { await second.node.log.record(second.node.session.events) }
             defer {
                 second.node.kill.fire()
@@ -326,6 +326,10 @@ struct ContinuityRuntimeTests {
             #expect(texts == ["before", "during"])
             let leaves = ana.node.log.events.filter { if case .peerStateChanged(bo, .notConnected, _) = $0 { true } else { false } }.count
             #expect(leaves == leavesBefore, "Ana saw Bo leave: \(log.transcript(last: 40))")
+            // The run ends, its links with it, before the test does (ahead of the defer's kill).
+            second.node.kill.fire()
+            await secondRun.value
+            second.node.listener.close()
         }
     }
 }
