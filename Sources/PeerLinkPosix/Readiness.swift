@@ -274,8 +274,9 @@ package final class Readiness: @unchecked Sendable {
     private static let jobRounds = 8
 
     /// How long a turn of the I/O thread may have run before the jobs it queues go to Swift's
-    /// pool instead (see ``enqueue(_:)``), in nanoseconds: four times what a turn of a small
-    /// message's round trip takes on a slow day, so round trips never hand a job over.
+    /// pool instead (see ``enqueue(_:)``), in nanoseconds: above what a turn of a small message's
+    /// round trip takes (a whole round trip, at least two turns, took 70–190 µs on the project's
+    /// slow 2-CPU machine), so round trips hand over next to nothing.
     static let spillAfter: UInt64 = 200_000
 }
 
