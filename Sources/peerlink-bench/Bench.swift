@@ -186,7 +186,7 @@ struct Bench: AsyncParsableCommand {
                 report.throughput(
                     "64 B messages, on the I/O thread", key: "messages_64B_io_thread", encryption: encryption, bytes: total,
                     messageSize: 64, session: session, raw: raw)
-                // Bulk too: everything on one thread is what opting in costs.
+                // Bulk too: what a transfer costs an app that opted in.
                 let large = try await pair.throughput(messageSize: 64 * 1024, total: volume)
                 let rawLarge = try RawTCP.throughput(messageSize: 64 * 1024, total: volume)
                 report.throughput(
