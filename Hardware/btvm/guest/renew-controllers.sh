@@ -16,7 +16,16 @@ say() { echo "renew-controllers: $*" >&2; }
 registered() { ls /sys/class/bluetooth 2>/dev/null | grep -c '^hci[0-9]*$'; }
 # tells guest/controllers-gone.sh --watch that the controllers go away on purpose
 echo $$ > /run/btvm/renewing
-trap 'rm -f /run/btvm/renewing' EXIT
+# in btvirt's log too, beside the lines that say how each btvirt ended: a renewal with no end
+# line there was itself killed (so the controllers it stopped were never started again)
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+echo "== renewal (pid $$) started at $(uptime_s) s of uptime" >> /run/btvm/btvirt.log
+ended() {
+  status=$?
+  rm -f /run/btvm/renewing
+  echo "== renewal (pid $$) ended at $(uptime_s) s of uptime (status $status)" >> /run/btvm/btvirt.log
+}
+trap ended EXIT
 kill "$(cat /run/btvm/btvirt.pid 2>/dev/null)" 2>/dev/null
 i=0
 while [ "$(registered)" -gt 0 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
