@@ -164,8 +164,13 @@ struct IndependentPeerTests {
         _ = try await chat.waitForLine(containing: "* Hoarder joined", timeout: .seconds(20))
         let before = try #require(HostileChatTests.openDescriptors(chat.pid))
         _ = try await peer.waitForLine(containing: "=== 60 offers of 100000 bytes sent", timeout: .seconds(10))
+        // Both answers are awaited: a decline goes out at once, an acceptance once its partial
+        // file is open, so the last acceptance may come after the last decline.
         let deadline = ContinuousClock.now + .seconds(15)
-        while Self.count("resource DECLINE", in: peer.stdoutLines) < 60 - FileReceiver.maxTransfersPerPeer, ContinuousClock.now < deadline {
+        while Self.count("resource DECLINE", in: peer.stdoutLines) < 60 - FileReceiver.maxTransfersPerPeer
+            || Self.count("resource ACCEPT", in: peer.stdoutLines) < FileReceiver.maxTransfersPerPeer,
+            ContinuousClock.now < deadline
+        {
             try await Task.sleep(for: .milliseconds(100))
         }
         #expect(Self.count("resource DECLINE", in: peer.stdoutLines) == 60 - FileReceiver.maxTransfersPerPeer, "\(peer.stdout)")
