@@ -29,6 +29,8 @@ fi
 echo "bluetooth lab: bluetoothd (pid $pid): $(grep -E '^State' "/proc/$pid/status" | tr -s '\t ' ' ')," \
   "waiting in $(cat "/proc/$pid/wchan" 2>/dev/null), system call $(cut -d' ' -f1-3 "/proc/$pid/syscall" 2>/dev/null)"
 cat "/proc/$pid/stack" 2>/dev/null | sed 's/^/  /'
+# which listener, when it is accept(2) (guest/bluetoothd-accept.py frees it live under the tests)
+echo "bluetooth lab: $(/usr/bin/python3 "$(dirname "$0")/bluetoothd-accept.py" --describe)"
 echo "bluetooth lab: bluetoothd's descriptors:"
 ls -l "/proc/$pid/fd" 2>/dev/null | sed -n 's/.* \([0-9]*\) -> /  \1 -> /p' | sort -n
 echo "bluetooth lab: the end of bluetoothd's log:"
