@@ -15,8 +15,9 @@
 #                                     other controller, holds the connection until the accept
 #                                     returned (at most 10 s), says how it went; exit 0 if freed
 #   bluetoothd-accept.py --watch      beside the tests: every half second, a bluetoothd found
-#                                     in accept(2) twice in a row (a second apart) is freed as
-#                                     above; each time goes to /run/btvm/bluetoothd-accept.log
+#                                     waiting inside the kernel's L2CAP or RFCOMM accept on the
+#                                     same descriptor for a second is freed as above; each time
+#                                     goes to /run/btvm/bluetoothd-accept.log
 #
 # The listener is found by taking a copy of bluetoothd's descriptor (pidfd_getfd(2), as root)
 # and asking it its own address; the copy is closed, the listener is left as it was.
@@ -109,9 +110,12 @@ def controllers():
 
 def page_scan(hci, on=None):
     """Whether controller hci takes connections (page scan); with on, turns it on or off first."""
-    if on is not None:
-        subprocess.run(["hciconfig", hci, "pscan" if on else "noscan"], capture_output=True, timeout=10)
-    shown = subprocess.run(["hciconfig", hci], capture_output=True, text=True, timeout=10).stdout
+    try:
+        if on is not None:
+            subprocess.run(["hciconfig", hci, "pscan" if on else "noscan"], capture_output=True, timeout=10)
+        shown = subprocess.run(["hciconfig", hci], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
     return "PSCAN" in shown.split()
 
 
@@ -196,7 +200,10 @@ def watch():
             continue
         if time.monotonic() - first < 1:
             continue
-        freed, text = free(pid)
+        try:
+            freed, text = free(pid)
+        except Exception as error:  # the watcher goes on: the next sighting is tried again
+            freed, text = False, f"freeing bluetoothd failed: {error!r}"
         log.write(f"at {uptime()} s of uptime: {text}\n")
         seen = None
         if not freed:

@@ -8,7 +8,9 @@
 # BluetoothDiscoveryLabTests (a scan, then `advertise` browsed by sdptool) bluetoothd answered no
 # call for the rest of the boot, with nothing in its log after start-up and no fault in the guest
 # kernel's log. Reproduced once locally (one round in 26 of the suite's first three tests): bluetoothd
-# was in accept(2) on one of its own L2CAP listening sockets (see ../README.md, "Kernel faults").
+# was in accept(2) on one of its own L2CAP listening sockets (see ../README.md, "Kernel faults"):
+# its SDP server, PSM 1, as a CI run of 2026-12-06 showed. guest/bluetoothd-accept.py --watch now
+# frees that wait under the tests; this still reports a bluetoothd deaf for that or any reason.
 # What follows tells each sighting apart: whether the bus itself still answers, where bluetoothd's
 # one thread waits (its state, wait channel, system call and kernel stack), and the kernel's
 # blocked tasks.
