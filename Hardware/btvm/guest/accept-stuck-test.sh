@@ -14,6 +14,7 @@ answers() {
   dbus-send --system --print-reply --reply-timeout="$1" --dest=org.bluez / \
     org.freedesktop.DBus.ObjectManager.GetManagedObjects > /dev/null 2>&1
 }
+command -v strace > /dev/null || fail "needs strace, which the lab does not install: apt-get install -y strace"
 pid=$(cat /run/btvm/bluetoothd.pid 2>/dev/null) && kill -0 "$pid" 2>/dev/null || fail "no bluetoothd (run.sh --bluetoothd)"
 answers 5000 || fail "bluetoothd does not answer to begin with"
 /usr/bin/python3 "$G/bluetoothd-accept.py" --describe > /dev/null && fail "--describe says bluetoothd waits in accept(2) before the test"
