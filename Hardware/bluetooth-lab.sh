@@ -41,9 +41,9 @@
 #
 # Exit status: that of the test binary in the VM; 122 tests failed while bluetoothd no longer
 # answered (in every boot); 121 tests failed after the emulated controllers went away (in every
-# boot); 123 the guest kernel faulted and the tests did not end (in every boot); 124 the VM timed out; 125 the VM could
-# not start; 77 the lab cannot run on this machine (not x86-64, or its packages are missing: run
-# `Hardware/setup.sh --tests`); 2 bad arguments.
+# boot); 123 the guest kernel faulted and the tests did not end (in every boot); 124 the VM timed
+# out; 125 the VM could not start; 77 the lab cannot run on this machine (not x86-64, or its
+# packages are missing: run `Hardware/setup.sh --tests`); 2 bad arguments.
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -150,28 +150,35 @@ report() {
     esac
 }
 
-# lab_tests WHAT GUEST_CMD [RUN.SH OPTIONS...]: boots for the tests WHAT names, reported. The
-# guest's Debian kernel has Bluetooth bugs of its own (Hardware/btvm/README.md, "Kernel faults"):
-# a boot whose kernel faulted and whose tests failed is not PeerLink's result, so it gets another
-# boot, said out loud with the fault's report; so does one whose tests failed while bluetoothd
-# ran but answered nothing (exit 122), or after the emulated controllers went away (exit 121).
-# At most three boots: the fault struck 4 of 5 CI runs' discovery boots on 2026-12-06, and with
-# one boot more than that a second fault in a row failed a run whose tests had never failed.
-# A failure in a boot where none of that happened fails the lab at once.
+# another_boot WHAT BOOT: when the last boot failed for a reason of the lab's, not PeerLink's (the
+# guest's Debian kernel faulted: it has Bluetooth bugs of its own, Hardware/btvm/README.md,
+# "Kernel faults"; bluetoothd ran but answered nothing, exit 122; the emulated controllers went
+# away, exit 121), says so and that WHAT gets boot BOOT; fails otherwise.
+another_boot() {
+    local what=$1 boot=$2 why
+    if [ "$LAB_RC" != 0 ] && [ "$LAB_KERNEL_FAULT" = 1 ]; then
+        why="whose kernel faulted"
+    elif [ "$LAB_RC" = 122 ]; then
+        why="whose bluetoothd stopped answering"
+    elif [ "$LAB_RC" = 121 ]; then
+        why="whose emulated controllers went away"
+    else
+        return 1
+    fi
+    say "$what failed in a boot $why: once more in a new boot ($boot of at most 3)"
+}
+
+# lab_tests WHAT GUEST_CMD [RUN.SH OPTIONS...]: boots for the tests WHAT names, reported: one
+# more each time a boot failed for a reason of the lab's (another_boot), at most three. On
+# 2026-12-06 the kernel's fault struck the discovery suite's boot in 4 of 5 CI runs; with two
+# boots at most, a second fault in a row would have failed a run whose tests never failed. A
+# failure in a boot where none of that happened fails the lab at once.
 lab_tests() {
     local what=$1 boot
     shift
     for boot in 1 2 3; do
-        if [ "$boot" -gt 1 ]; then
-            if [ "$LAB_RC" != 0 ] && [ "$LAB_KERNEL_FAULT" = 1 ]; then
-                say "$what failed in a boot whose kernel faulted: once more in a new boot ($boot of at most 3)"
-            elif [ "$LAB_RC" = 122 ]; then
-                say "$what failed in a boot whose bluetoothd stopped answering: once more in a new boot ($boot of at most 3)"
-            elif [ "$LAB_RC" = 121 ]; then
-                say "$what failed in a boot whose emulated controllers went away: once more in a new boot ($boot of at most 3)"
-            else
-                break
-            fi
+        if [ "$boot" -gt 1 ] && ! another_boot "$what" "$boot"; then
+            break
         fi
         lab_boot "$@"
         report
@@ -198,7 +205,7 @@ if [ "$FILTER" = Bluetooth ]; then
         if [ "$suite" = BluetoothDiscoveryLabTests ]; then
             # Three boots: the tests whose chats link the controllers (and may pair them) leave the
             # guest kernel's connection bookkeeping in the state its fault starts from (a warning
-            # in hci_conn_timeout, the fault a minute or more later: Hardware/btvm/README.md), so
+            # in hci_conn_timeout, the fault seconds or minutes later: Hardware/btvm/README.md), so
             # the tests of records and scans do not share a boot with them, nor the failover case
             # (which powers hci0 off under a pair) with the chats that only meet.
             discovery_chats="BluetoothDiscoveryLabTests/(twoChatsFindEachOtherOverBluetooth|autoMergesLANAndBluetooth)"
@@ -235,14 +242,8 @@ if [ ${#BLUETOOTHD[@]} -gt 0 ]; then
         # boot, said out loud; a boot whose kernel faulted or whose bluetoothd stopped answering
         # (see lab_tests) gets another, at most three in all.
         for attempt in 1 2 3; do
-            if [ "$attempt" -gt 1 ]; then
-                if [ "$LAB_RC" != 0 ] && [ "$LAB_KERNEL_FAULT" = 1 ]; then
-                    say "BluetoothFreshLabTests/$test failed in a boot whose kernel faulted: once more in a new boot ($attempt of at most 3)"
-                elif [ "$LAB_RC" = 122 ]; then
-                    say "BluetoothFreshLabTests/$test failed in a boot whose bluetoothd stopped answering: once more in a new boot ($attempt of at most 3)"
-                elif [ "$LAB_RC" = 121 ]; then
-                    say "BluetoothFreshLabTests/$test failed in a boot whose emulated controllers went away: once more in a new boot ($attempt of at most 3)"
-                elif [ "$LAB_RC" = 1 ] && [ "$attempt" = 2 ]; then
+            if [ "$attempt" -gt 1 ] && ! another_boot "BluetoothFreshLabTests/$test" "$attempt"; then
+                if [ "$LAB_RC" = 1 ] && [ "$attempt" = 2 ]; then
                     say "BluetoothFreshLabTests/$test failed: once more in a new boot (btvirt is faithful only to a controller's first pairing)"
                 else
                     break
