@@ -103,8 +103,14 @@ final class AvahiBrowser: @unchecked Sendable {
         case AVAHI_BROWSER_NEW:
             stale.remove(key)
             guard resolvers[key] == nil, let client = context.client else { return }
+            // The address asked for is of the family the instance was seen over (`protocol`, not
+            // "any"): a peer heard over IPv4 multicast takes IPv4 connections on that link, where
+            // "any" let avahi answer with whichever of the host's addresses came first — its IPv6
+            // one too, on which a peer listening on IPv4 alone is never reached (seen on loopback
+            // after avahi-daemon started: ::1 for a listener on 127.0.0.1). A dual-stack peer is
+            // seen over both, once each, and known at both addresses.
             let resolver = avahi_service_resolver_new(
-                client, interface, `protocol`, name, type, domain, peerlink_avahi_proto_unspec(), AvahiLookupFlags(0),
+                client, interface, `protocol`, name, type, domain, `protocol`, AvahiLookupFlags(0),
                 avahiResolveCallback, Unmanaged.passUnretained(self).toOpaque())
             if let resolver {
                 resolvers[key] = resolver

@@ -55,9 +55,9 @@ final class FilePair: Sendable {
             Task { [sender] in await sender.run() },
             Task { [receiver] in await receiver.run() },
             Task { [sender] in
-                for await case .session(let event) in sender.events {
+                for await event in sender.events {
                     connected.record(event)
-                    if case .peerStateChanged(let peer, let state, _) = event {
+                    if case .session(.peerStateChanged(let peer, let state, _)) = event {
                         connected.update(peer, state == .connected)
                     }
                 }
@@ -122,8 +122,9 @@ final class ConnectedSet: Sendable {
     private let peers = Locked<Set<PeerID>>([])
     private let log = Locked<[String]>([])
 
-    /// Every event the sender's session reported, with its time: shown when a wait fails.
-    func record(_ event: PeerSessionEvent) {
+    /// Every event the sender's node reported (its session's, discovery's, the transports'), with
+    /// its time: shown when a wait fails.
+    func record(_ event: PeerNodeEvent) {
         log.withLock { $0.append("\(ContinuousClock.now) \(event)") }
     }
 
