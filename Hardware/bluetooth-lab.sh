@@ -185,6 +185,21 @@ lab_tests() {
     done
 }
 
+# own_boot WHAT FILTER [SKIP...]: lab_tests in boots of their own for the tests FILTER names,
+# less those the SKIP patterns name (before the caller's own test arguments); the lab's status
+# keeps the first failure.
+own_boot() {
+    local what=$1 filter=$2 pattern
+    shift 2
+    EXTRA=()
+    for pattern in "$@"; do EXTRA+=(--skip "$pattern"); done
+    EXTRA+=("${EXTRA_SAVED[@]}")
+    say "running $what in a VM boot of its own"
+    lab_tests "$what" "$(guest_command "$filter")" "${BLUETOOTHD[@]}" "${FORGET[@]}" "${CONSOLE[@]}"
+    EXTRA=("${EXTRA_SAVED[@]}")
+    if [ "$rc" = 0 ]; then rc=$LAB_RC; fi
+}
+
 FORGET=()
 [ ${#BLUETOOTHD[@]} -gt 0 ] && FORGET=(--forget-bonds)
 rc=0
@@ -193,39 +208,25 @@ if [ "$FILTER" = Bluetooth ]; then
     # suite meets the emulated controllers' state from another (btvirt keeps links, pairing
     # state and bonds a real controller would have dropped); the rest share one.
     SUITES=(BluetoothDiscoveryLabTests BluetoothFileTests BluetoothLinkTests BluetoothSessionTests BluetoothPairingLabTests)
-    skip=()
-    for suite in "${SUITES[@]}"; do skip+=(--skip "$suite"); done
     say "running the Bluetooth suites in the VM, one boot for each that links the controllers"
     EXTRA_SAVED=("${EXTRA[@]}")
-    EXTRA=("${skip[@]}" "${EXTRA_SAVED[@]}")
-    lab_tests "the shared boot's suites" "$(guest_command Bluetooth)" "${BLUETOOTHD[@]}" "${FORGET[@]}" "${CONSOLE[@]}"
-    rc=$LAB_RC
-    EXTRA=("${EXTRA_SAVED[@]}")
+    own_boot "the suites that do not link the controllers" Bluetooth "${SUITES[@]}"
+    # The discovery suite in three boots: the tests whose chats link the controllers (and may
+    # pair them) leave the guest kernel's connection bookkeeping in the state its fault starts
+    # from (a warning in hci_conn_timeout, the fault seconds or minutes later:
+    # Hardware/btvm/README.md), so the tests of records and scans do not share a boot with them,
+    # nor the failover case (which powers hci0 off under a pair) with the chats that only meet.
+    discovery_chats="BluetoothDiscoveryLabTests/(twoChatsFindEachOtherOverBluetooth|autoMergesLANAndBluetooth)"
+    discovery_failover="BluetoothDiscoveryLabTests/failoverToBluetoothAndUpgradeBack"
     for suite in "${SUITES[@]}"; do
-        if [ "$suite" = BluetoothDiscoveryLabTests ]; then
-            # Three boots: the tests whose chats link the controllers (and may pair them) leave the
-            # guest kernel's connection bookkeeping in the state its fault starts from (a warning
-            # in hci_conn_timeout, the fault seconds or minutes later: Hardware/btvm/README.md), so
-            # the tests of records and scans do not share a boot with them, nor the failover case
-            # (which powers hci0 off under a pair) with the chats that only meet.
-            discovery_chats="BluetoothDiscoveryLabTests/(twoChatsFindEachOtherOverBluetooth|autoMergesLANAndBluetooth)"
-            discovery_failover="BluetoothDiscoveryLabTests/failoverToBluetoothAndUpgradeBack"
-            EXTRA=(--skip "$discovery_chats" --skip "$discovery_failover" "${EXTRA_SAVED[@]}")
-            say "running $suite's records and scans in a VM boot of their own"
-            lab_tests "$suite's records and scans" "$(guest_command "$suite")" "${BLUETOOTHD[@]}" "${FORGET[@]}" "${CONSOLE[@]}"
-            [ "$rc" = 0 ] && rc=$LAB_RC
-            EXTRA=("${EXTRA_SAVED[@]}")
-            say "running $suite's chats that meet in a VM boot of their own"
-            lab_tests "$suite's chats that meet" "$(guest_command "$discovery_chats")" "${BLUETOOTHD[@]}" "${FORGET[@]}" "${CONSOLE[@]}"
-            [ "$rc" = 0 ] && rc=$LAB_RC
-            say "running $suite's failover case in a VM boot of its own"
-            lab_tests "$suite's failover case" "$(guest_command "$discovery_failover")" "${BLUETOOTHD[@]}" "${FORGET[@]}" "${CONSOLE[@]}"
-            [ "$rc" = 0 ] && rc=$LAB_RC
-            continue
-        fi
-        say "running $suite in a VM boot of its own"
-        lab_tests "$suite" "$(guest_command "$suite")" "${BLUETOOTHD[@]}" "${FORGET[@]}" "${CONSOLE[@]}"
-        [ "$rc" = 0 ] && rc=$LAB_RC
+        case "$suite" in
+            BluetoothDiscoveryLabTests)
+                own_boot "$suite's records and scans" "$suite" "$discovery_chats" "$discovery_failover"
+                own_boot "$suite's chats that meet" "$discovery_chats"
+                own_boot "$suite's failover case" "$discovery_failover"
+                ;;
+            *) own_boot "$suite" "$suite" ;;
+        esac
     done
 else
     say "running the Bluetooth suites in the VM (filter: $FILTER)"
