@@ -37,6 +37,55 @@ struct MultiHostChatTests {
     }
 
     @Test(
+        "chat on a dual-stack LAN (avahi over IPv4 and IPv6): each peer, seen and resolved once per address family, joins once and the two chat both ways",
+        .timeLimit(.minutes(2)))
+    func chatOverDualStack() async throws {
+        if let missing = NetLab.missingRequirement { Issue.record("\(missing)"); return }
+        let service = TestHost.uniqueServiceType("d")
+        try await withNetLab(hosts: 2, ipv6: true) { lab in
+            let chats = try (1...2).map { try Self.chat(on: $0, of: lab, service: service) }
+            defer { for chat in chats { chat.terminate() } }
+
+            // Host 1's avahi resolves host 2's chat over both families: at its IPv4 address and
+            // at its IPv6 link-local one. Otherwise this test would be one more IPv4-only run.
+            let v4 = try await lab.address(of: 2)
+            var resolved = ""
+            var both = false
+            let deadline = ContinuousClock.now + .seconds(40)
+            while !both, ContinuousClock.now < deadline {
+                resolved = try await lab.run(on: 1, ["avahi-browse", "-prt", "_\(service)._tcp"]).stdout
+                let lines = resolved.split(separator: "\n").filter { $0.hasPrefix("=;eth0;") && $0.contains(";H2;") }
+                both = lines.contains { $0.contains(";IPv4;") && $0.contains(";\(v4);") }
+                    && lines.contains { $0.contains(";IPv6;") && $0.contains(";fe80::") }
+                if !both { try await Task.sleep(for: .milliseconds(500)) }
+            }
+            #expect(both, "host 1's avahi-browse -prt, no resolution of H2 over both families:\n\(resolved)")
+
+            for (index, chat) in chats.enumerated() {
+                try await ChatTests.waitForJoins(chat, 1, timeout: .seconds(40))
+                let other = index == 0 ? "H2" : "H1"
+                chat.type("from H\(index + 1) over both families\n")
+                try await chats[1 - index].waitForLine(containing: "H\(index + 1): from H\(index + 1) over both families", timeout: .seconds(20))
+                chat.type("/peers\n")  // its answer goes to standard error when output is not a terminal
+                let listed = try await chat.waitForStderrLine(containing: "  \(other)  ", timeout: .seconds(10))
+                #expect(listed.contains("tcp://"), "host \(index + 1): /peers said \(listed)")
+            }
+            // The second sighting of each peer (the other family) merged into the first: one join,
+            // nobody left, on either side.
+            try await Task.sleep(for: .seconds(2))
+            for (index, chat) in chats.enumerated() {
+                let other = index == 0 ? "H2" : "H1"
+                #expect(ChatTests.joinedLines(chat) == ["* \(other) joined"], "host \(index + 1):\n\(chat.stdout)")
+                #expect(!chat.stdout.contains("* \(other) left"), "host \(index + 1):\n\(chat.stdout)")
+            }
+            for chat in chats { chat.closeInput() }
+            for chat in chats {
+                #expect(try await chat.waitForExit(timeout: .seconds(20)) == 0, "\(chat.command)\nstderr:\n\(chat.stderr)")
+            }
+        }
+    }
+
+    @Test(
         "chat across 3 hosts: a peer killed with SIGKILL is seen leaving within 10 s; a host whose cable is cut and plugged back within the grace stays in the session with nothing lost, and leaves once cut for longer than the grace",
         .timeLimit(.minutes(4)))
     func chatKillAndCut() async throws {

@@ -10,17 +10,20 @@ final class NetLab: @unchecked Sendable {
     let directory: String
     let script: String
     let hosts: Int
+    /// Whether the hosts' avahi-daemons run over IPv6 as well as IPv4 (`LAB_IPV6=1`).
+    let ipv6: Bool
     private let lock = NSLock()
     private var torn = false
 
     /// The environment every netlab.sh call of this lab gets.
-    var environment: [String: String] { ["LAB_PREFIX": prefix, "LAB_DIR": directory] }
+    var environment: [String: String] { ["LAB_PREFIX": prefix, "LAB_DIR": directory, "LAB_IPV6": ipv6 ? "1" : "0"] }
 
-    private init(prefix: String, directory: String, script: String, hosts: Int) {
+    private init(prefix: String, directory: String, script: String, hosts: Int, ipv6: Bool) {
         self.prefix = prefix
         self.directory = directory
         self.script = script
         self.hosts = hosts
+        self.ipv6 = ipv6
     }
 
     /// Why the lab cannot run here, or nil when it can.
@@ -51,12 +54,14 @@ final class NetLab: @unchecked Sendable {
         return "pt" + String((0..<3).map { _ in letters.randomElement()! })
     }
 
-    /// Brings up a lab of `hosts` hosts; tears it down again if that fails.
-    static func up(hosts: Int) async throws -> NetLab {
+    /// Brings up a lab of `hosts` hosts (avahi over IPv6 too with `ipv6`: a dual-stack LAN, where
+    /// every service is seen and resolved once per address family); tears it down again if that
+    /// fails.
+    static func up(hosts: Int, ipv6: Bool = false) async throws -> NetLab {
         if let missing = missingRequirement { throw HarnessError(missing) }
         let prefix = freshPrefix()
         let directory = "/tmp/peerlink-it-\(prefix)-\(UUID().uuidString.prefix(8).lowercased())"
-        let lab = NetLab(prefix: prefix, directory: directory, script: TestHost.netlabScript!, hosts: hosts)
+        let lab = NetLab(prefix: prefix, directory: directory, script: TestHost.netlabScript!, hosts: hosts, ipv6: ipv6)
         do {
             // Not runCommand: the daemons `up` starts would keep Foundation from seeing it exit.
             let result = try await runSpawned("/bin/bash", [lab.script, "up", String(hosts)], environment: lab.environment, timeout: .seconds(60))
@@ -114,8 +119,8 @@ final class NetLab: @unchecked Sendable {
 }
 
 /// Runs `body` with a fresh lab of `hosts` hosts, torn down afterwards whatever happens.
-func withNetLab<T>(hosts: Int, _ body: (NetLab) async throws -> T) async throws -> T {
-    let lab = try await NetLab.up(hosts: hosts)
+func withNetLab<T>(hosts: Int, ipv6: Bool = false, _ body: (NetLab) async throws -> T) async throws -> T {
+    let lab = try await NetLab.up(hosts: hosts, ipv6: ipv6)
     do {
         let result = try await body(lab)
         lab.down()
