@@ -255,9 +255,11 @@ struct BluetoothDiscoveryLabTests {
     /// drops does: packets to or from `ports` are refused by policy routing, so the links stop
     /// carrying anything and new dials fail. The guest is a throw-away VM; `restoreTCP` undoes it.
     static func cutTCP(ports: [String]) async throws {
-        // Both address families: the chats may meet over 127.0.0.1 or ::1 (Avahi on lo publishes
-        // both), and `ip rule` alone is IPv4 only. Cutting only IPv4 left a pair that had met over
-        // ::1 on TCP, and the test waiting for a move that had no reason to happen.
+        // Both address families: `ip rule` alone is IPv4 only, and a pair that meets over ::1 (an
+        // avahi that runs over IPv6 too) would keep its TCP link. Before discovery resolved each
+        // instance in the family it was seen over, a pair could meet over ::1 even with avahi on
+        // IPv4 alone (it publishes lo's ::1 there too); cutting only IPv4 then left the test
+        // waiting for a move that had no reason to happen.
         // One `ip -batch` per family instead of a process per rule, and a minute for it: with a
         // compiler running beside the VM, fourteen `ip` processes once did not end within 20 s.
         // TCP by its protocol number (6): `ip` looks a name up in /etc/protocols, which a minimal
