@@ -27,6 +27,12 @@ public protocol LinkChannel: AnyObject, Sendable {
     func writeNow(_ bytes: [UInt8]) throws -> Int
     /// Closes both directions; a pending read returns or throws. Idempotent.
     func close()
+    /// Ends this side's direction once everything written has gone, where the transport can
+    /// say so and still read (TCP's half-close): the peer's reader sees the end of the stream.
+    /// A link calls it after its last frame, its `GO_AWAY`, and reads on until the peer ends
+    /// its side too. Reading and ``close()`` work as before. The default does nothing: the peer
+    /// sees the end when the channel closes.
+    func finishWriting()
     /// The most bytes a link's writer seals and hands to one write on this channel. Larger
     /// batches cost fewer system calls per byte of a bulk transfer; smaller ones keep what a
     /// message queued during one waits behind short on a slow transport. The default (two full
@@ -41,6 +47,8 @@ extension LinkChannel {
     }
 
     public func writeNow(_ bytes: [UInt8]) throws -> Int { 0 }
+
+    public func finishWriting() {}
 
     /// Two full frames (32 KiB).
     public var writeBatchLimit: Int { 2 * WireFormat.maxFramePayload }

@@ -166,6 +166,12 @@ public final class TCPConnection: Sendable {
     /// Shuts the connection down both ways and closes it; a blocked read or write returns.
     public func close() { descriptor.close() }
 
+    /// Ends this side's direction (`shutdown(SHUT_WR)`): the peer reads the end of the stream
+    /// after what was written, and reading here goes on. Nothing once the connection is closed.
+    public func finishWriting() {
+        try? descriptor.withFD("shutdown") { fd throws(SystemError) in Sys.shutdown(fd, Int32(SHUT_WR)) }
+    }
+
     /// The next bytes that arrived, at most `maxCount`; an empty array at the end of the stream.
     ///
     /// - Throws: a ``SystemError`` when the connection failed (`ECONNRESET`, …) or was closed

@@ -57,6 +57,9 @@ public final class TCPLinkChannel: LinkChannel {
 
     public func close() { connection.close() }
 
+    /// Half-closes the connection: the peer reads the end of the stream after the last write.
+    public func finishWriting() { connection.finishWriting() }
+
     /// 128 KiB (eight full frames): over TCP a batch is written faster than a message queued
     /// behind it notices (the kernel's socket buffers hold far more), and a bulk transfer makes
     /// a quarter of the system calls it would in 32 KiB batches.

@@ -24,7 +24,10 @@ import PeerLinkCore
 ///   free, then the channel is closed without waiting for the peer.
 /// - After this side sends a `GO_AWAY` on an established link, ``run()`` keeps reading (and
 ///   discarding) until the peer ends the stream or `closeTimeout` passes, so the `GO_AWAY` is
-///   not lost to a reset; the link counts as closed from the moment it was sent.
+///   not lost to a reset; the link counts as closed from the moment it was sent. Once the
+///   `GO_AWAY` is written the channel ends this side's direction where it can
+///   (``PeerLinkCore/LinkChannel/finishWriting()``, TCP's half-close), so two sides that close
+///   at once each see the other's end at once instead of waiting out `closeTimeout`.
 /// - ``send(_:)`` waits for the handshake, and while more than `maxQueuedBytes` wait to be
 ///   written (back-pressure).
 /// - The link's own frames (session control, datagrams) wait unsealed in a
@@ -383,6 +386,10 @@ public final class Link: Sendable {
                 group.addTask { await self.tickLoop() }
                 await writeLoop()
                 if state.withLock({ $0.lingers }), !Task.isCancelled {
+                    // The GO_AWAY is written: the peer's reader may see the end now. Where
+                    // both sides close at once, each lingers until the other's end, which
+                    // otherwise comes only with the other's close timeout.
+                    channel.finishWriting()
                     await lingerUntilPeerEnds()
                 }
                 channel.close()

@@ -77,11 +77,12 @@ enum LinkFixture {
         policy: LinkPolicy = .default,
         expecting: Identity? = nil,
         clock: any Clock<Duration> = ContinuousClock(),
+        closeTimeout: Duration = .seconds(2),
         log: TestLog
     ) -> Link {
         Link(
             channel: channel, role: role, identity: identity, preface: preface(encryption), hello: hello(name),
-            policy: policy, expectedRemote: expecting?.fingerprint, clock: clock, logger: log.logger)
+            policy: policy, expectedRemote: expecting?.fingerprint, clock: clock, closeTimeout: closeTimeout, logger: log.logger)
     }
 
     /// A frame of the link itself (a datagram: reliable messages and stream frames belong to a

@@ -50,6 +50,50 @@ struct TCPLinkTests {
         #expect(log.all.filter { $0.message == "link closed" }.count == 2)
     }
 
+    /// Each side that sends a `GO_AWAY` reads on until the peer ends its side (or the close
+    /// timeout passes), so that the `GO_AWAY` is not lost to a reset. When both sides leave at
+    /// once, each waited for the other's end until its close timeout (2 s by default): two
+    /// sessions stopping together took that long. A link half-closes its TCP connection once
+    /// its `GO_AWAY` is written, so each side's end comes with it. The close timeout here is
+    /// ten minutes; a link still waiting after 10 s fails the test.
+    @Test("two links closed at the same moment both end at once over TCP (half-close), not at the close timeout")
+    func simultaneousClose() async throws {
+        for round in 0..<3 {
+            let listener = try TCPTransportListener(host: Self.loopback)
+            defer { listener.close() }
+            async let acceptedChannel = listener.accept()
+            let dialed = try await Self.dial(listener.port)
+            let accepted = try await acceptedChannel
+            let ana = Identity.generate()
+            let bo = Identity.generate()
+            let (anaLog, boLog) = (TestLog(), TestLog())
+            let dialer = LinkFixture.link(dialed, .dialer, ana, name: "Ana", expecting: bo, closeTimeout: .seconds(600), log: anaLog)
+            let listening = LinkFixture.link(accepted, .listener, bo, name: "Bo", closeTimeout: .seconds(600), log: boLog)
+            let runs = [Task { await dialer.run() }, Task { await listening.run() }]
+            _ = try await dialer.established
+            _ = try await listening.established
+            var atAna = dialer.events.makeAsyncIterator()
+            var atBo = listening.events.makeAsyncIterator()
+            // Cancelling a run ends its linger: what the watchdog does if the links wait.
+            let watchdog = Task {
+                try await Task.sleep(for: .seconds(10))
+                for run in runs { run.cancel() }
+            }
+            let closedAt = ContinuousClock.now
+            dialer.close()
+            listening.close()
+            for run in runs { await run.value }
+            watchdog.cancel()
+            let took = closedAt.duration(to: .now)
+            #expect(
+                took < .seconds(10),
+                "round \(round): the links lingered until cancelled, \(took) after both closed\nAna:\n\(anaLog.transcript(last: 20))\nBo:\n\(boLog.transcript(last: 20))")
+            let seenByAna = try #require(await atAna.closure())
+            let seenByBo = try #require(await atBo.closure())
+            #expect(seenByAna.code == .normal && seenByBo.code == .normal, "round \(round): \(seenByAna), \(seenByBo)")
+        }
+    }
+
     /// The GO_AWAY of a cancelled link goes to its writer, which runs in the cancelled task: a
     /// socket write that gave up on cancellation before trying lost it whenever the link had
     /// written within the last 100 µs (then a batch goes to the writer's task instead of being
