@@ -12,6 +12,16 @@ struct TCPLinkTests {
         try await TCPTransport().dial(.tcp(host: loopback, port: port), timeout: .seconds(5))
     }
 
+    /// Two ends of one loopback connection, Ana's (dialled) and Bo's (accepted), with their
+    /// identities; the listener is closed once it accepted.
+    static func channelPair() async throws -> (dialed: any LinkChannel, accepted: any LinkChannel, ana: Identity, bo: Identity) {
+        let listener = try TCPTransportListener(host: loopback)
+        defer { listener.close() }
+        async let acceptedChannel = listener.accept()
+        let dialed = try await dial(listener.port)
+        return (dialed, try await acceptedChannel, Identity.generate(), Identity.generate())
+    }
+
     @Test("two links establish and exchange 1000 messages each way, in order")
     func thousandMessages() async throws {
         let log = TestLog()
@@ -59,13 +69,7 @@ struct TCPLinkTests {
     @Test("two links closed at the same moment both end at once over TCP (half-close), not at the close timeout")
     func simultaneousClose() async throws {
         for round in 0..<3 {
-            let listener = try TCPTransportListener(host: Self.loopback)
-            defer { listener.close() }
-            async let acceptedChannel = listener.accept()
-            let dialed = try await Self.dial(listener.port)
-            let accepted = try await acceptedChannel
-            let ana = Identity.generate()
-            let bo = Identity.generate()
+            let (dialed, accepted, ana, bo) = try await Self.channelPair()
             let (anaLog, boLog) = (TestLog(), TestLog())
             let dialer = LinkFixture.link(dialed, .dialer, ana, name: "Ana", expecting: bo, closeTimeout: .seconds(600), log: anaLog)
             let listening = LinkFixture.link(accepted, .listener, bo, name: "Bo", closeTimeout: .seconds(600), log: boLog)
@@ -110,13 +114,7 @@ struct TCPLinkTests {
     }
 
     private func cancelRightAfterSending(round: Int) async throws {
-        let listener = try TCPTransportListener(host: Self.loopback)
-        defer { listener.close() }
-        async let acceptedChannel = listener.accept()
-        let dialed = try await Self.dial(listener.port)
-        let accepted = try await acceptedChannel
-        let ana = Identity.generate()
-        let bo = Identity.generate()
+        let (dialed, accepted, ana, bo) = try await Self.channelPair()
         let anaLog = TestLog()
         let dialer = LinkFixture.link(dialed, .dialer, ana, name: "Ana", expecting: bo, log: anaLog)
         let listening = LinkFixture.link(accepted, .listener, bo, name: "Bo", log: TestLog())
