@@ -240,8 +240,8 @@ if [ ${#BLUETOOTHD[@]} -gt 0 ]; then
         # These tests need btvirt's controllers to pair exactly once, as real ones would; in 2 of
         # 6 boots of linksLeaveNoBond (2026-11-24) the emulator left a one-sided bond anyway (the
         # chats' stderr is in the failure). A failed test (not a failed boot) gets one more fresh
-        # boot, said out loud; a boot whose kernel faulted or whose bluetoothd stopped answering
-        # (see lab_tests) gets another, at most three in all.
+        # boot, said out loud; a boot lost for a reason of the lab's (another_boot) gets another,
+        # at most three in all.
         for attempt in 1 2 3; do
             if [ "$attempt" -gt 1 ] && ! another_boot "BluetoothFreshLabTests/$test" "$attempt"; then
                 if [ "$LAB_RC" = 1 ] && [ "$attempt" = 2 ]; then
