@@ -388,7 +388,8 @@ public final class Link: Sendable {
                 if state.withLock({ $0.lingers }), !Task.isCancelled {
                     // The GO_AWAY is written: the peer's reader may see the end now. Where
                     // both sides close at once, each lingers until the other's end, which
-                    // otherwise comes only with the other's close timeout.
+                    // otherwise comes only with the other's close timeout (channels without a
+                    // half-close end the linger at the peer's GO_AWAY instead).
                     channel.finishWriting()
                     await lingerUntilPeerEnds()
                 }
@@ -432,17 +433,25 @@ public final class Link: Sendable {
             }
             let logs = state.withLockThenDeliver { state in
                 let now = clock.now()
-                return apply(state.machine.receive(bytes, at: now), to: &state, from: .read, at: now)
+                let logs = apply(state.machine.receive(bytes, at: now), to: &state, from: .read, at: now)
+                // After both GO_AWAYs nothing more comes: a linger ends here rather than at the
+                // end of a stream that cannot be half-closed (RFCOMM, L2CAP).
+                if state.machine.peerClosedToo { wakeLingerer(&state) }
+                return logs
             }
             emit(logs)
         }
         state.withLockThenDeliver { state in
             state.readerEnded = true
-            if let waiter = state.readerEndWaiter {
-                state.outbox.add { waiter.resume() }
-                state.readerEndWaiter = nil
-            }
+            wakeLingerer(&state)
         }
+    }
+
+    /// Called with the lock held: ends a wait for the peer's end (``lingerUntilPeerEnds()``).
+    private func wakeLingerer(_ state: inout State) {
+        guard let waiter = state.readerEndWaiter else { return }
+        state.outbox.add { waiter.resume() }
+        state.readerEndWaiter = nil
     }
 
     /// Returns once the link may read on: at once, unless ``maxEarlyBytes`` wait for a channel
@@ -622,7 +631,7 @@ public final class Link: Sendable {
                 await withTaskCancellationHandler {
                     await withCheckedContinuation { continuation in
                         self.state.withLock { state in
-                            if state.readerEnded || Task.isCancelled {
+                            if state.readerEnded || state.machine.peerClosedToo || Task.isCancelled {
                                 continuation.resume()
                             } else {
                                 state.readerEndWaiter = continuation

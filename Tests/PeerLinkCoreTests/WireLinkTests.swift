@@ -379,6 +379,52 @@ struct WireLinkTests {
         #expect(pair.listenerEvents.last == .closed(code: .duplicateLink, reason: "tie-break", byPeer: true))
     }
 
+    /// Both sides close at once: each reads the other's records after its own GO_AWAY only for
+    /// the peer's GO_AWAY (frames before it are dropped), then knows both are done. Delivered
+    /// a byte at a time, so records complete across calls.
+    @Test(arguments: [EncryptionPreference.none, .required])
+    func closingTogetherEachSeesTheOthersGoAway(_ encryption: EncryptionPreference) throws {
+        var pair = WireLinkHostileTests.establishedPair(encryption)
+        var fromListener = try pair.listener.send(.datagram([1, 2, 3]), at: .seconds(1)).sentBytes
+        fromListener += try pair.listener.send([(.message(id: 2, flags: [], chunk: [9]), 1)], at: .seconds(1)).sentBytes
+        let listenerClose = pair.listener.close(code: .normal, reason: "bye from Bo")
+        fromListener += listenerClose.sentBytes
+        let dialerClose = pair.dialer.close(code: .normal, reason: "bye from Ana")
+        #expect(listenerClose.closure?.byPeer == false && dialerClose.closure?.byPeer == false)
+        for (index, byte) in fromListener.enumerated() {
+            #expect(!pair.dialer.peerClosedToo)
+            #expect(pair.dialer.receive([byte], at: .seconds(2)) == [])
+            #expect(pair.dialer.peerClosedToo == (index == fromListener.count - 1))
+        }
+        #expect(pair.listener.receive(dialerClose.sentBytes, at: .seconds(2)) == [])
+        #expect(pair.listener.peerClosedToo)
+        // Nothing more is read once both are done.
+        #expect(pair.dialer.receive(fromListener, at: .seconds(3)) == [])
+        #expect(pair.dialer.bufferedByteCount == 0)
+    }
+
+    /// After its GO_AWAY a side reads on only while the peer's records make sense: one that
+    /// does not open (or a malformed one) ends that, and a GO_AWAY after it counts for nothing.
+    @Test(arguments: [EncryptionPreference.none, .required])
+    func afterItsGoAwayASideStopsReadingAtGarbage(_ encryption: EncryptionPreference) throws {
+        var pair = WireLinkHostileTests.establishedPair(encryption)
+        let goAway = pair.listener.close(code: .normal, reason: "bye").sentBytes
+        _ = pair.dialer.close()
+        // An encrypted record that does not open; a record of an unknown frame type when plain.
+        let garbage: [UInt8] =
+            encryption == .required
+            ? [0, 20] + [UInt8](repeating: 7, count: 20) : WireFixture.record(WireFixture.rawFrame(type: 9))
+        #expect(pair.dialer.receive(garbage + goAway, at: .seconds(1)) == [])
+        #expect(!pair.dialer.peerClosedToo)
+        #expect(pair.dialer.bufferedByteCount == 0)
+        // A side the peer closed first (GO_AWAY read while established) is done at once.
+        var other = WireLinkHostileTests.establishedPair(encryption)
+        let bye = other.listener.close(code: .normal, reason: "bye").sentBytes
+        #expect(other.dialer.receive(bye, at: .seconds(1)) == [.closed(code: .normal, reason: "bye", byPeer: true)])
+        #expect(!other.dialer.peerClosedToo)
+        #expect(other.dialer.receive(bye, at: .seconds(1)) == [])
+    }
+
     @Test func peerEndingAnEstablishedLinkWithoutGoAway() {
         var pair = LinkPair()
         pair.connect()

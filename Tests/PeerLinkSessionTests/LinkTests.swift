@@ -20,6 +20,7 @@ struct MemoryLinkTests {
         dialer dialerEncryption: EncryptionPreference = .optional,
         listener listenerEncryption: EncryptionPreference = .optional,
         clock: any Clock<Duration> = ContinuousClock(),
+        closeTimeout: Duration = .seconds(2),
         log: TestLog
     ) async throws -> Pair {
         let network = MemoryNetwork()
@@ -31,9 +32,11 @@ struct MemoryLinkTests {
         let bo = Identity.generate()
         return Pair(
             dialer: LinkFixture.link(
-                dialed, .dialer, ana, name: "Ana", encryption: dialerEncryption, expecting: bo, clock: clock, log: log),
+                dialed, .dialer, ana, name: "Ana", encryption: dialerEncryption, expecting: bo, clock: clock,
+                closeTimeout: closeTimeout, log: log),
             listener: LinkFixture.link(
-                accepted, .listener, bo, name: "Bo", encryption: listenerEncryption, clock: clock, log: log),
+                accepted, .listener, bo, name: "Bo", encryption: listenerEncryption, clock: clock, closeTimeout: closeTimeout,
+                log: log),
             dialerChannel: dialed, listenerChannel: accepted, dialerIdentity: ana, listenerIdentity: bo)
     }
 
@@ -116,6 +119,51 @@ struct MemoryLinkTests {
         let established = log.all.filter { $0.message == "link established" }
         #expect(established.count == 2)
         #expect(established.allSatisfy { $0.metadata["peer.id"] != nil && $0.metadata["transport"] == "memory" })
+    }
+
+    /// After its `GO_AWAY` a link waits for the peer's end of the channel (at most its close
+    /// timeout), so that the goodbye is not lost to a reset. A channel without a half-close
+    /// (this one; RFCOMM and L2CAP alike) ends only when the peer closes it: when both sides
+    /// closed at once, each waited for the other until its close timeout (2 s by default). The
+    /// peer's `GO_AWAY`, read after this side's own, now ends the wait. Frames in flight when
+    /// both close are read past. The close timeout here is ten minutes; a link still waiting
+    /// after 10 s fails the test.
+    @Test(
+        "two links closed at the same moment end at each other's GO_AWAY on a channel without half-close",
+        arguments: [EncryptionPreference.required, .none])
+    func simultaneousClose(encryption: EncryptionPreference) async throws {
+        for round in 0..<3 {
+            let log = TestLog()
+            let pair = try await Self.pair(dialer: encryption, listener: encryption, closeTimeout: .seconds(600), log: log)
+            let runs = [Task { await pair.dialer.run() }, Task { await pair.listener.run() }]
+            _ = try await pair.dialer.established
+            _ = try await pair.listener.established
+            var atAna = pair.dialer.events.makeAsyncIterator()
+            var atBo = pair.listener.events.makeAsyncIterator()
+            // Cancelling a run ends its linger: what the watchdog does if the links wait.
+            let watchdog = Task {
+                try await Task.sleep(for: .seconds(10))
+                for run in runs { run.cancel() }
+            }
+            // Frames in flight both ways as both close: read past after each side's GO_AWAY.
+            for index in 0..<(round * 20) {
+                try await pair.dialer.send(LinkFixture.message(index))
+                try await pair.listener.send(LinkFixture.message(index))
+            }
+            let closedAt = ContinuousClock.now
+            pair.dialer.close()
+            pair.listener.close()
+            for run in runs { await run.value }
+            watchdog.cancel()
+            let took = closedAt.duration(to: .now)
+            #expect(
+                took < .seconds(10),
+                "round \(round): the links lingered until cancelled, \(took) after both closed\n\(log.transcript(last: 30))")
+            let seenByAna = try #require(await atAna.closure())
+            let seenByBo = try #require(await atBo.closure())
+            #expect(seenByAna.code == .normal && seenByBo.code == .normal, "round \(round): \(seenByAna), \(seenByBo)")
+            #expect(pair.dialerChannel.isClosed && pair.listenerChannel.isClosed)
+        }
     }
 
     @Test("required × none: both sides refuse, and both established throw a message about encryption")

@@ -103,6 +103,15 @@ public struct LinkStateMachine: Sendable {
     public private(set) var handshakeHash: [UInt8]?
     /// The round trip of the last answered keep-alive `PING`.
     public private(set) var roundTripTime: Duration?
+    /// Whether the peer's `GO_AWAY` arrived after this side had closed the link with its own:
+    /// both sides are done, and the peer ends its side of the channel soon. An owner that waits
+    /// for the peer's end of stream after its `GO_AWAY` (so the goodbye is not lost to a reset)
+    /// stops waiting here: on a channel without a half-close (RFCOMM, L2CAP) two sides that
+    /// close at once would otherwise each wait for the other's end until a timeout.
+    public private(set) var peerClosedToo = false
+    /// After this side's `GO_AWAY`: records are still opened, and their frames dropped, until
+    /// the peer's `GO_AWAY` (``peerClosedToo``) or anything unexpected.
+    private var awaitingPeerGoAway = false
 
     private var handshake: NoiseHandshakeState?
     private var transport: NoiseTransport?
@@ -176,7 +185,10 @@ public struct LinkStateMachine: Sendable {
 
     /// Bytes from the peer, cut anywhere. Calling it before ``start(at:)`` starts the link first.
     public mutating func receive(_ bytes: ArraySlice<UInt8>, at now: Duration) -> [LinkOutput] {
-        guard state != .closed else { return [] }
+        guard state != .closed else {
+            if awaitingPeerGoAway { drain(bytes) }
+            return []
+        }
         if state == .idle { begin(at: now) }
         self.now = now
         if !bytes.isEmpty { lastReceived = now }
@@ -203,7 +215,10 @@ public struct LinkStateMachine: Sendable {
 
     /// The peer ended its side of the link (end of stream) without this side closing.
     public mutating func receiveEnd(at now: Duration) -> [LinkOutput] {
-        guard state != .closed else { return [] }
+        guard state != .closed else {
+            stopDraining()
+            return []
+        }
         self.now = now
         if state == .established {
             finish(.protocolError, "the peer closed the link without a GO_AWAY", byPeer: true)
@@ -659,21 +674,67 @@ public struct LinkStateMachine: Sendable {
     /// `.closed`. Everything is dropped; later calls return nothing.
     private mutating func finish(_ code: GoAwayCode, _ reason: String, byPeer: Bool, goAway: Bool = true) {
         guard state != .closed else { return }
+        var sentGoAway = false
         if goAway, !byPeer, state == .established,
             let bytes = try? Frame.goAway(code: code, reason: reason).encoded(),
             let record = seal(bytes)
         {
             emit(record)
+            sentGoAway = true
         }
         state = .closed
-        buffer.removeAll()
         handshake = nil
-        transport = nil
+        if sentGoAway {
+            // The peer's records are still read, for its GO_AWAY only (nothing is sealed any
+            // more: ``send(_:sequence:at:)`` and ``tick(at:)`` do nothing once closed).
+            awaitingPeerGoAway = true
+        } else {
+            buffer.removeAll()
+            transport = nil
+        }
         outstandingPing = nil
         // Resource limits (issue 11): a peer's reason, sanitised where it was decoded, is cut to
         // the configured length before it reaches a log or the app.
         let reason = byPeer ? PeerText.cut(reason, limit: policy.limits.maximumReasonBytes) : reason
         output.append(.closed(code: code, reason: reason, byPeer: byPeer))
+    }
+
+    /// After this side's `GO_AWAY`: reads the peer's records, within the same limits as before,
+    /// for the peer's `GO_AWAY`; every other frame is dropped. Anything that would have closed
+    /// the link (a malformed or unopenable record) ends the reading, and the owner's wait for
+    /// the peer's end of stream decides.
+    private mutating func drain(_ bytes: ArraySlice<UInt8>) {
+        var input = bytes
+        while awaitingPeerGoAway {
+            let frames: [(frame: Frame, sequence: UInt64?)]?
+            do {
+                frames = try decodeRecord()
+            } catch {
+                stopDraining()
+                break
+            }
+            if let frames {
+                if frames.contains(where: { if case .goAway = $0.frame { true } else { false } }) {
+                    peerClosedToo = true
+                    stopDraining()
+                }
+                continue
+            }
+            if input.isEmpty { break }
+            buffer.expect(Record.expectedLength(prefix: buffer.readable))
+            guard buffer.room > 0 else {
+                stopDraining()
+                break
+            }
+            input = buffer.fill(from: input)
+        }
+        buffer.keepRest()
+    }
+
+    private mutating func stopDraining() {
+        awaitingPeerGoAway = false
+        buffer.removeAll()
+        transport = nil
     }
 
     /// The outputs of this call, adjacent sends joined into one write (each run copied once).
