@@ -198,7 +198,7 @@ let package = Package(
             name: "PeerLinkIntegrationTests",
             dependencies: [
                 "PeerLink", "PeerLinkLAN", "PeerLinkPosix", "PeerLinkBluetooth", "PeerLinkTestSupport",
-                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Crypto", package: "swift-crypto"), .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
         ),

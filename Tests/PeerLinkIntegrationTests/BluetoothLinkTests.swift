@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import PeerLink
 import Testing
 
@@ -63,6 +64,42 @@ struct BluetoothLinkTests {
         if kind == .l2cap, let mtu = client.outgoingMTU {
             #expect(received.packets.allSatisfy { $0 <= mtu }, "a packet larger than the MTU \(mtu) arrived")
         }
+    }
+
+    /// Two links over one Bluetooth connection, closed at the same moment, end at each other's
+    /// `GO_AWAY`. RFCOMM and L2CAP have no half-close (`shutdown` ends both directions), so a
+    /// link that sent its `GO_AWAY` and waits for the peer's end of the connection (so that the
+    /// goodbye is not lost) waited for it until its close timeout when the peer did the same
+    /// (2 s by default; ten minutes here, and a link still waiting after 20 s fails the test).
+    @Test(arguments: BluetoothSocketKind.allCases)
+    func linksClosedAtTheSameMomentEndAtOnce(_ kind: BluetoothSocketKind) async throws {
+        let (server, client, listener) = try await Self.connectedPair(kind)
+        defer { listener.close() }
+        let preface = try LinkPreface(encryption: .required, service: ServiceType("chat"))
+        let (ana, bo) = (Identity.generate(), Identity.generate())
+        let quiet = Logger(label: "lab.link", factory: { _ in SwiftLogNoOpLogHandler() })
+        let dialer = Link(
+            channel: BluetoothLinkChannel(client), role: .dialer, identity: ana, preface: preface,
+            hello: Hello(displayName: try DisplayName("Ana")), expectedRemote: bo.fingerprint, closeTimeout: .seconds(600),
+            logger: quiet)
+        let accepting = Link(
+            channel: BluetoothLinkChannel(server), role: .listener, identity: bo, preface: preface,
+            hello: Hello(displayName: try DisplayName("Bo")), closeTimeout: .seconds(600), logger: quiet)
+        let runs = [Task { await dialer.run() }, Task { await accepting.run() }]
+        // Cancelling a run ends its wait: what the watchdog does if the links wait.
+        let watchdog = Task {
+            try await Task.sleep(for: .seconds(60))
+            for run in runs { run.cancel() }
+        }
+        defer { watchdog.cancel() }
+        _ = try await dialer.established
+        _ = try await accepting.established
+        let closedAt = ContinuousClock.now
+        dialer.close()
+        accepting.close()
+        for run in runs { await run.value }
+        let took = ContinuousClock.now - closedAt
+        #expect(took < .seconds(20), "over \(kind) the links ended \(took) after both closed: they waited for each other")
     }
 
     /// An accept waits on the I/O thread, not a thread of its own: closing the listener (whose
