@@ -475,11 +475,29 @@ final class SpawnedProcess: @unchecked Sendable {
         var status: Int32 = 0
         let reaped = waitpid(pid, &status, WNOHANG)
         if reaped == 0 || (reaped < 0 && errno == EINTR) { return false }
-        let stdout = (try? String(contentsOfFile: directory + "/out", encoding: .utf8)) ?? ""
-        let stderr = (try? String(contentsOfFile: directory + "/err", encoding: .utf8)) ?? ""
+        let stdout = Self.text(ofFile: directory + "/out")
+        let stderr = Self.text(ofFile: directory + "/err")
         result = (reaped < 0 ? -1 : Spawn.exitStatus(status), stdout, stderr)
         try? FileManager.default.removeItem(atPath: directory)
         return true
+    }
+
+    /// The whole file at `path` as UTF-8 text (empty when it cannot be opened), read with
+    /// read(2): LeakSanitizer reports a buffer of every `String(contentsOfFile:)` call (inside
+    /// Foundation's file reading), which buried a sanitizer run's own findings.
+    static func text(ofFile path: String) -> String {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return "" }
+        defer { close(fd) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if count < 0, errno == EINTR { continue }
+            guard count > 0 else { break }
+            bytes += chunk[..<count]
+        }
+        return String(decoding: bytes, as: UTF8.self)
     }
 
     func kill() {
