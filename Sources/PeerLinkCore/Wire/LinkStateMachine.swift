@@ -54,6 +54,10 @@ public enum LinkOutput: Hashable, Sendable, CustomStringConvertible {
 /// - Timeouts fire only in ``tick(at:)``. `PING` requests from the peer are answered at once
 ///   and not surfaced; replies update ``roundTripTime``.
 /// - Input is held back only while incomplete, never more than ``WireFormat/maxBufferedBytes``.
+/// - After its own `GO_AWAY` a side still opens the peer's records, drops their frames, and
+///   sets ``peerClosedToo`` at the peer's `GO_AWAY`: both sides closed, the owner need not wait
+///   for the peer's end of stream (channels without a half-close never show one until the peer
+///   closes).
 ///
 /// A value type holding Noise cipher states: keep exactly one live copy per link, since two
 /// copies sealing records would reuse nonces.
@@ -202,6 +206,11 @@ public struct LinkStateMachine: Sendable {
                 break
             }
             input = buffer.fill(from: input)
+        }
+        if awaitingPeerGoAway {
+            // Closed here on the way (after its GO_AWAY): the rest of `bytes` is read on, so
+            // that the next call starts where a record starts.
+            drain(input)
         }
         // Items were read where they lay in `bytes`; the start of one not yet complete is
         // copied, so the caller may reuse the storage of `bytes`.
@@ -671,7 +680,8 @@ public struct LinkStateMachine: Sendable {
     }
 
     /// Ends the link: a `GO_AWAY` first when records can be sent and `goAway` allows, then
-    /// `.closed`. Everything is dropped; later calls return nothing.
+    /// `.closed`. Everything is dropped (but for what reads the peer's records on, after this
+    /// side's `GO_AWAY`, for the peer's own: see ``peerClosedToo``); later calls return nothing.
     private mutating func finish(_ code: GoAwayCode, _ reason: String, byPeer: Bool, goAway: Bool = true) {
         guard state != .closed else { return }
         var sentGoAway = false
