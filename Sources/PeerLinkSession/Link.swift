@@ -354,9 +354,9 @@ public final class Link: Sendable {
     /// then the channel. Idempotent; ``run()`` returns soon after.
     ///
     /// - Parameter linger: whether ``run()`` waits (up to ``closeTimeout``) for the peer to end
-    ///   the stream after the `GO_AWAY`. Pass false when the peer closes the link at the same
-    ///   time (a duplicate both sides drop): two sides that both linger each wait for the
-    ///   other's end of stream until the timeout.
+    ///   the stream, or for its `GO_AWAY`, after this side's `GO_AWAY`. Pass false when the peer
+    ///   closes the link at the same time (a duplicate both sides drop), where there is nothing
+    ///   to wait for.
     public func close(code: GoAwayCode = .normal, reason: String = "closed", linger: Bool = true) {
         let (logs, closeNow) = state.withLockThenDeliver { state -> ([LogEntry], Bool) in
             if !linger { state.lingerAllowed = false }
