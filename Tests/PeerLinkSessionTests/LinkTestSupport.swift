@@ -85,6 +85,22 @@ enum LinkFixture {
             policy: policy, expectedRemote: expecting?.fingerprint, clock: clock, closeTimeout: closeTimeout, logger: log.logger)
     }
 
+    /// Closes two running links at the same moment and waits for both runs to return; how long
+    /// that took. A watchdog cancels the runs after `limit` (cancelling a run ends its wait for
+    /// the peer), so a pair that waits for each other shows as a duration of `limit`.
+    static func closeTogether(_ first: Link, _ second: Link, runs: [Task<Void, Never>], limit: Duration = .seconds(10)) async -> Duration {
+        let watchdog = Task {
+            try await Task.sleep(for: limit)
+            for run in runs { run.cancel() }
+        }
+        let closedAt = ContinuousClock.now
+        first.close()
+        second.close()
+        for run in runs { await run.value }
+        watchdog.cancel()
+        return closedAt.duration(to: .now)
+    }
+
     /// A frame of the link itself (a datagram: reliable messages and stream frames belong to a
     /// peer's channel) carrying `index` in 4 bytes, big-endian.
     static func message(_ index: Int) -> Frame {

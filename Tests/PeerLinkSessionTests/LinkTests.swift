@@ -140,22 +140,12 @@ struct MemoryLinkTests {
             _ = try await pair.listener.established
             var atAna = pair.dialer.events.makeAsyncIterator()
             var atBo = pair.listener.events.makeAsyncIterator()
-            // Cancelling a run ends its linger: what the watchdog does if the links wait.
-            let watchdog = Task {
-                try await Task.sleep(for: .seconds(10))
-                for run in runs { run.cancel() }
-            }
             // Frames in flight both ways as both close: read past after each side's GO_AWAY.
             for index in 0..<(round * 20) {
                 try await pair.dialer.send(LinkFixture.message(index))
                 try await pair.listener.send(LinkFixture.message(index))
             }
-            let closedAt = ContinuousClock.now
-            pair.dialer.close()
-            pair.listener.close()
-            for run in runs { await run.value }
-            watchdog.cancel()
-            let took = closedAt.duration(to: .now)
+            let took = await LinkFixture.closeTogether(pair.dialer, pair.listener, runs: runs)
             #expect(
                 took < .seconds(10),
                 "round \(round): the links lingered until cancelled, \(took) after both closed\n\(log.transcript(last: 30))")

@@ -64,8 +64,10 @@ struct TCPLinkTests {
     /// timeout passes), so that the `GO_AWAY` is not lost to a reset. When both sides leave at
     /// once, each waited for the other's end until its close timeout (2 s by default): two
     /// sessions stopping together took that long. A link half-closes its TCP connection once
-    /// its `GO_AWAY` is written, so each side's end comes with it. The close timeout here is
-    /// ten minutes; a link still waiting after 10 s fails the test.
+    /// its `GO_AWAY` is written, so each side's end comes with it (and the peer's `GO_AWAY`, read
+    /// after its own, ends the wait too: see the memory transport's test, a channel without a
+    /// half-close). The close timeout here is ten minutes; a link still waiting after 10 s fails
+    /// the test.
     @Test("two links closed at the same moment both end at once over TCP (half-close), not at the close timeout")
     func simultaneousClose() async throws {
         for round in 0..<3 {
@@ -78,17 +80,7 @@ struct TCPLinkTests {
             _ = try await listening.established
             var atAna = dialer.events.makeAsyncIterator()
             var atBo = listening.events.makeAsyncIterator()
-            // Cancelling a run ends its linger: what the watchdog does if the links wait.
-            let watchdog = Task {
-                try await Task.sleep(for: .seconds(10))
-                for run in runs { run.cancel() }
-            }
-            let closedAt = ContinuousClock.now
-            dialer.close()
-            listening.close()
-            for run in runs { await run.value }
-            watchdog.cancel()
-            let took = closedAt.duration(to: .now)
+            let took = await LinkFixture.closeTogether(dialer, listening, runs: runs)
             #expect(
                 took < .seconds(10),
                 "round \(round): the links lingered until cancelled, \(took) after both closed\nAna:\n\(anaLog.transcript(last: 20))\nBo:\n\(boLog.transcript(last: 20))")
