@@ -26,8 +26,10 @@ import PeerLinkCore
 ///   discarding) until the peer ends the stream or `closeTimeout` passes, so the `GO_AWAY` is
 ///   not lost to a reset; the link counts as closed from the moment it was sent. Once the
 ///   `GO_AWAY` is written the channel ends this side's direction where it can
-///   (``PeerLinkCore/LinkChannel/finishWriting()``, TCP's half-close), so two sides that close
-///   at once each see the other's end at once instead of waiting out `closeTimeout`.
+///   (``PeerLinkCore/LinkChannel/finishWriting()``, TCP's half-close), and the wait also ends
+///   at the peer's own `GO_AWAY` (``PeerLinkCore/LinkStateMachine/peerClosedToo``; RFCOMM and
+///   L2CAP cannot half-close), so two sides that close at once each end at once instead of
+///   waiting out `closeTimeout`.
 /// - ``send(_:)`` waits for the handshake, and while more than `maxQueuedBytes` wait to be
 ///   written (back-pressure).
 /// - The link's own frames (session control, datagrams) wait unsealed in a

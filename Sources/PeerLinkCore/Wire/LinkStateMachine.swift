@@ -189,28 +189,27 @@ public struct LinkStateMachine: Sendable {
 
     /// Bytes from the peer, cut anywhere. Calling it before ``start(at:)`` starts the link first.
     public mutating func receive(_ bytes: ArraySlice<UInt8>, at now: Duration) -> [LinkOutput] {
-        guard state != .closed else {
-            if awaitingPeerGoAway { drain(bytes) }
-            return []
-        }
+        // Once closed, only the reading for the peer's GO_AWAY goes on (``peerClosedToo``); a
+        // link closed on the way through `bytes` reads the rest of them that way, so that the
+        // next call starts where a record starts.
+        guard state != .closed || awaitingPeerGoAway else { return [] }
         if state == .idle { begin(at: now) }
         self.now = now
         if !bytes.isEmpty { lastReceived = now }
         var input = bytes
-        while state != .closed {
+        while state != .closed || awaitingPeerGoAway {
             if step() { continue }
             if input.isEmpty { break }
             guard buffer.room > 0 else {
                 // Unreachable: every item is shorter than the buffer and is consumed once whole.
-                finish(.internalError, "the input buffer is full", byPeer: false)
+                if state == .closed {
+                    stopReadingForGoAway()
+                } else {
+                    finish(.internalError, "the input buffer is full", byPeer: false)
+                }
                 break
             }
             input = buffer.fill(from: input)
-        }
-        if awaitingPeerGoAway {
-            // Closed here on the way (after its GO_AWAY): the rest of `bytes` is read on, so
-            // that the next call starts where a record starts.
-            drain(input)
         }
         // Items were read where they lay in `bytes`; the start of one not yet complete is
         // copied, so the caller may reuse the storage of `bytes`.
@@ -225,7 +224,7 @@ public struct LinkStateMachine: Sendable {
     /// The peer ended its side of the link (end of stream) without this side closing.
     public mutating func receiveEnd(at now: Duration) -> [LinkOutput] {
         guard state != .closed else {
-            stopDraining()
+            stopReadingForGoAway()
             return []
         }
         self.now = now
@@ -401,7 +400,8 @@ public struct LinkStateMachine: Sendable {
         case .awaitingVerdict: readVerdict()
         case .handshaking: readHandshakeMessage()
         case .established: readRecord()
-        case .idle, .closed: false
+        case .closed: awaitingPeerGoAway && readRecordForGoAway()
+        case .idle: false
         }
     }
 
@@ -709,39 +709,27 @@ public struct LinkStateMachine: Sendable {
         output.append(.closed(code: code, reason: reason, byPeer: byPeer))
     }
 
-    /// After this side's `GO_AWAY`: reads the peer's records, within the same limits as before,
-    /// for the peer's `GO_AWAY`; every other frame is dropped. Anything that would have closed
-    /// the link (a malformed or unopenable record) ends the reading, and the owner's wait for
-    /// the peer's end of stream decides.
-    private mutating func drain(_ bytes: ArraySlice<UInt8>) {
-        var input = bytes
-        while awaitingPeerGoAway {
-            let frames: [(frame: Frame, sequence: UInt64?)]?
-            do {
-                frames = try decodeRecord()
-            } catch {
-                stopDraining()
-                break
+    /// After this side's `GO_AWAY`: the record at the front of the buffer, read for the peer's
+    /// `GO_AWAY` only (every other frame is dropped). A malformed or unopenable record ends this
+    /// reading, and the owner's wait for the peer's end of stream decides. False when more
+    /// bytes are needed.
+    private mutating func readRecordForGoAway() -> Bool {
+        do {
+            guard let frames = try decodeRecord() else {
+                buffer.expect(Record.expectedLength(prefix: buffer.readable))
+                return false
             }
-            if let frames {
-                if frames.contains(where: { if case .goAway = $0.frame { true } else { false } }) {
-                    peerClosedToo = true
-                    stopDraining()
-                }
-                continue
+            if frames.contains(where: { if case .goAway = $0.frame { true } else { false } }) {
+                peerClosedToo = true
+                stopReadingForGoAway()
             }
-            if input.isEmpty { break }
-            buffer.expect(Record.expectedLength(prefix: buffer.readable))
-            guard buffer.room > 0 else {
-                stopDraining()
-                break
-            }
-            input = buffer.fill(from: input)
+        } catch {
+            stopReadingForGoAway()
         }
-        buffer.keepRest()
+        return true
     }
 
-    private mutating func stopDraining() {
+    private mutating func stopReadingForGoAway() {
         awaitingPeerGoAway = false
         buffer.removeAll()
         transport = nil
