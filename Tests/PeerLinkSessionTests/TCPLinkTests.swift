@@ -68,7 +68,7 @@ struct TCPLinkTests {
     /// after its own, ends the wait too: see the memory transport's test, a channel without a
     /// half-close). The close timeout here is ten minutes; a link still waiting after 10 s fails
     /// the test.
-    @Test("two links closed at the same moment both end at once over TCP (half-close), not at the close timeout")
+    @Test("two links closed at the same moment both end at once over TCP (half-close and each other's GO_AWAY), not at the close timeout")
     func simultaneousClose() async throws {
         for round in 0..<3 {
             let (dialed, accepted, ana, bo) = try await Self.channelPair()
