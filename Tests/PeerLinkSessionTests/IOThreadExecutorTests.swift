@@ -10,7 +10,9 @@ import Testing
 /// Tasks that prefer PeerLink's I/O thread (`IOThreadExecutor`): their jobs run there, between
 /// two looks at the sockets, whether they were queued from that thread or from another one while
 /// it slept, except those it queues late in a long turn; and two sessions run there end to end.
-@Suite("IOThreadExecutor: tasks on the I/O thread", .timeLimit(.minutes(1)))
+/// One test at a time: a test's jobs in the same turn of the I/O thread as another's busy job
+/// (`aLongTurnHandsJobsToThePool`) would be handed to the pool.
+@Suite("IOThreadExecutor: tasks on the I/O thread", .serialized, .timeLimit(.minutes(1)))
 struct IOThreadExecutorTests {
     /// The thread a task that prefers the I/O thread runs on.
     static func ioThread() async -> pthread_t {
@@ -33,19 +35,25 @@ struct IOThreadExecutorTests {
         }
         #expect(name == "peerlink-io\n")
 
-        // A socket wait resumes the task where the readiness was seen: the same thread.
-        let pair = try ReadinessTests.SocketPair()
-        defer { pair.close() }
-        let after = try await withTaskExecutorPreference(IOThreadExecutor.shared) { () async throws -> pthread_t in
-            let writer = Task.detached {
-                try await Task.sleep(for: .milliseconds(20))
-                pair.write(pair.b)
+        // A socket wait resumes the task where the readiness was seen: the same thread. Up to
+        // three tries: a turn that a loaded machine preempts long enough hands the resumed task
+        // to Swift's pool (see `aLongTurnHandsJobsToThePool`), which is right there.
+        var resumedOnIOThread = false
+        for _ in 0..<3 where !resumedOnIOThread {
+            let pair = try ReadinessTests.SocketPair()
+            defer { pair.close() }
+            let after = try await withTaskExecutorPreference(IOThreadExecutor.shared) { () async throws -> pthread_t in
+                let writer = Task.detached {
+                    try await Task.sleep(for: .milliseconds(20))
+                    pair.write(pair.b)
+                }
+                try await Readiness.shared.wait(for: pair.a, events: Int16(POLLIN))
+                try await writer.value
+                return pthread_self()
             }
-            try await Readiness.shared.wait(for: pair.a, events: Int16(POLLIN))
-            try await writer.value
-            return pthread_self()
+            resumedOnIOThread = pthread_equal(after, io) != 0
         }
-        #expect(pthread_equal(after, io) != 0)
+        #expect(resumedOnIOThread, "a task resumed by a socket wait ran on Swift's pool three times out of three")
     }
 
     @Test("a job queued from another thread while the I/O thread sleeps in epoll_wait wakes it")
