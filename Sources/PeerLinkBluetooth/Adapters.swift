@@ -40,17 +40,7 @@ public struct BluetoothAdapter: Hashable, Sendable, Codable {
 
     /// The controllers of this machine. Throws `unsupported` when the kernel has no Bluetooth.
     public static func all() throws(PeerLinkError) -> [BluetoothAdapter] {
-        do {
-            let fd = try BTSys.hciControlSocket()
-            BTSys.close(fd)
-        } catch {
-            throw BluetoothErrors.map(error)
-        }
-        var indices = BTSys.listDirectory("/sys/class/bluetooth").compactMap { entry -> Int32? in
-            guard entry.hasPrefix("hci"), !entry.contains(":") else { return nil }
-            return Int32(entry.dropFirst(3))
-        }
-        if indices.isEmpty { indices = Array(0..<4) }
+        let indices = try controllerIndices()
         let blocks = rfkillBlocks()
         var adapters: [BluetoothAdapter] = []
         for index in indices {
@@ -71,6 +61,31 @@ public struct BluetoothAdapter: Hashable, Sendable, Codable {
                     rfkillSoftBlocked: block.soft, rfkillHardBlocked: block.hard))
         }
         return adapters.sorted { $0.index < $1.index }
+    }
+
+    /// Each controller's name, address and whether it is up, from the kernel's own state (no
+    /// HCI command, no rfkill look-up, nothing that waits): cheap enough for every dial. Throws
+    /// `unsupported` when the kernel has no Bluetooth.
+    static func brief() throws(PeerLinkError) -> [(name: String, address: BluetoothAddress?, isUp: Bool)] {
+        try controllerIndices().compactMap { index in
+            guard let info = try? BTSys.deviceInfo(index) else { return nil }
+            return ("hci\(index)", BluetoothAddress(BTSys.addressString(info.bdaddr)), info.flags & (UInt32(1) << UInt32(HCI_UP)) != 0)
+        }
+    }
+
+    /// The indices of the controllers (`N` of `hciN`), from sysfs, else the first four to try.
+    private static func controllerIndices() throws(PeerLinkError) -> [Int32] {
+        do {
+            let fd = try BTSys.hciControlSocket()
+            BTSys.close(fd)
+        } catch {
+            throw BluetoothErrors.map(error)
+        }
+        let indices = BTSys.listDirectory("/sys/class/bluetooth").compactMap { entry -> Int32? in
+            guard entry.hasPrefix("hci"), !entry.contains(":") else { return nil }
+            return Int32(entry.dropFirst(3))
+        }
+        return indices.isEmpty ? Array(0..<4) : indices
     }
 
     /// rfkill state by adapter name, from /sys/class/bluetooth/hciN/rfkillM.

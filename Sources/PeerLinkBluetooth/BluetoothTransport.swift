@@ -81,7 +81,7 @@ public struct BluetoothTransport: Transport {
         guard timeout > .zero else {
             throw PeerLinkError(.invalidParameter, "the dial timeout must be positive, not \(DurationText.seconds(timeout))")
         }
-        try BluetoothErrors.requireLocalAdapter(adapter)
+        try BluetoothErrors.requireAdapterUp(adapter)
         // bluetoothd and the device's SDP server are asked on threads of their own (BluetoothBonds).
         let bond = await BluetoothBonds.heldBond(with: address, from: adapter)
         do {

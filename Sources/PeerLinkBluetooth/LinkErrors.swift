@@ -122,13 +122,44 @@ extension BluetoothErrors {
     /// binds to any address without complaint, and then nothing ever arrives).
     static func requireLocalAdapter(_ address: BluetoothAddress) throws(PeerLinkError) {
         guard address != .any else { return }
-        let adapters = try BluetoothAdapter.all()
-        guard adapters.contains(where: { BluetoothAddress($0.address) == address }) else {
-            let known = adapters.map { "\($0.name) \($0.address)" }.joined(separator: ", ")
+        _ = try localAdapter(address)
+    }
+
+    /// Throws unless the adapter with `address` (with `any`: some adapter) is up: a link or an
+    /// SDP search from a powered-off adapter fails anyway, after a socket made and closed for
+    /// nothing; this says why at once.
+    static func requireAdapterUp(_ address: BluetoothAddress) throws(PeerLinkError) {
+        if address == .any {
+            let adapters = try BluetoothAdapter.brief()
+            guard !adapters.isEmpty else {
+                throw PeerLinkError(
+                    .unavailable, "this machine has no Bluetooth adapter: plug one in, or check 'peerlink radios' and 'rfkill list'")
+            }
+            guard adapters.contains(where: \.isUp) else {
+                throw PeerLinkError(
+                    .unavailable,
+                    "every Bluetooth adapter of this machine is down (\(adapters.map(\.name).joined(separator: ", "))): switch one on with 'bluetoothctl power on' (or 'rfkill unblock bluetooth' if it is blocked)")
+            }
+            return
+        }
+        let adapter = try localAdapter(address)
+        guard adapter.isUp else {
+            throw PeerLinkError(
+                .unavailable,
+                "adapter \(adapter.name) (\(address)) is down: switch it on with 'bluetoothctl power on' (or 'rfkill unblock bluetooth' if it is blocked)")
+        }
+    }
+
+    /// The adapter with `address`, or an error listing those this machine has.
+    private static func localAdapter(_ address: BluetoothAddress) throws(PeerLinkError) -> (name: String, isUp: Bool) {
+        let adapters = try BluetoothAdapter.brief()
+        guard let adapter = adapters.first(where: { $0.address == address }) else {
+            let known = adapters.map { "\($0.name) \($0.address.map(\.description) ?? "?")" }.joined(separator: ", ")
             throw PeerLinkError(
                 .invalidParameter,
                 "\(address) is not the address of a Bluetooth adapter of this machine (it has \(known.isEmpty ? "none" : known)): list them with 'peerlink radios'")
         }
+        return (adapter.name, adapter.isUp)
     }
 
     /// `hci0 (00:AA:01:00:00:00)` when the adapter is known, else its address or "the adapter".

@@ -22,6 +22,7 @@ enum SDPClient {
         at address: BluetoothAddress, from local: BluetoothAddress, pattern: [BluetoothUUID], timeout: Duration
     ) throws(PeerLinkError) -> [[UInt16: SDPElement]] {
         let deadline = ContinuousClock.now + timeout
+        try BluetoothErrors.requireAdapterUp(local)
         let fd: Int32
         do {
             fd = try BTSys.l2capConnect(to: address, psm: 1, from: local, deadline: deadline)

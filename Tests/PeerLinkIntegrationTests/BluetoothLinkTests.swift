@@ -4,7 +4,7 @@ import PeerLink
 import Testing
 
 /// RFCOMM and L2CAP links between the lab's two controllers, hci1 (client) → hci0 (server),
-/// through the kernel's Bluetooth stack. Serialized: one test takes an adapter down.
+/// through the kernel's Bluetooth stack. Serialized: the last test takes an adapter down.
 @Suite(
     "Bluetooth links in the VM lab", .serialized, .enabled(if: BluetoothLab.enabled, BluetoothLab.reason),
     .timeLimit(.minutes(3)))
@@ -216,5 +216,25 @@ struct BluetoothLinkTests {
             try BluetoothTransportListener(.l2cap, adapter: BluetoothAddress("00:11:22:33:44:55")!, port: 0).close()
         }
         #expect(error?.message.contains("peerlink radios") == true, "\(String(describing: error))")
+    }
+
+    // Last: it takes hci1 down and up again.
+    @Test(arguments: BluetoothSocketKind.allCases)
+    func aDialFromAnAdapterThatIsDownSaysSo(_ kind: BluetoothSocketKind) async throws {
+        let hci0 = try BluetoothLab.address(0)
+        let listener = try BluetoothTransportListener(kind, adapter: hci0, port: 0)
+        defer { listener.close() }
+        let endpoint = try #require(listener.localEndpoints.first)
+        let transport = BluetoothTransport(adapter: try BluetoothLab.address(1))
+        try await BluetoothLab.power(1, on: false)
+        let error = await #expect(throws: PeerLinkError.self) {
+            _ = try await transport.connect(endpoint, timeout: .seconds(20))
+        }
+        try await BluetoothLab.power(1, on: true)
+        #expect(error?.code == .unavailable, "\(String(describing: error))")
+        #expect(error?.message.contains("adapter hci1") == true && error?.message.contains("is down") == true, "\(String(describing: error))")
+        // (Dialling again once it is up is left out: bluetoothd forgets hci1's pairings as it
+        // goes down, and the lab's emulated controllers refuse a second pairing; see
+        // BluetoothLab.renewControllers.)
     }
 }
