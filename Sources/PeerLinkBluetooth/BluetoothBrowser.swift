@@ -19,31 +19,50 @@ extension BluetoothScanner {
         serviceType: ServiceType, adapter: String? = nil, duration: Duration, excluding: Set<Fingerprint> = [],
         logger: Logger = Logger(label: "peerlink.bluetooth")
     ) async throws(PeerLinkError) -> (entries: [BluetoothScanEntry], method: Method) {
+        let round = try await scanForPeers(
+            serviceType: serviceType, adapter: adapter, duration: duration, excluding: excluding, logger: logger, searching: { _ in true })
+        return (round.entries.map(\.entry), round.method)
+    }
+
+    /// ``scanForPeers(serviceType:adapter:duration:excluding:logger:)`` asking only the devices
+    /// `searching` picks; each entry says whether the device was asked and whether it published
+    /// a record of the service type (before `excluding`).
+    static func scanForPeers(
+        serviceType: ServiceType, adapter: String?, duration: Duration, excluding: Set<Fingerprint>, logger: Logger,
+        searching: (BluetoothDevice) -> Bool
+    ) async throws(PeerLinkError) -> (entries: [(entry: BluetoothScanEntry, searched: Bool, published: Bool)], method: Method) {
         let (devices, method, local) = try await scan(adapter: adapter, duration: duration, logger: logger)
         // Browsing stopped during the scan: no SDP searches (a connection given up half-way can
         // leave the emulated controllers of the lab with a link that goes nowhere).
         if Task.isCancelled {
-            return (devices.map { BluetoothScanEntry(device: $0, peers: [], sdpProblem: "not searched: browsing stopped") }, method)
+            return (devices.map { (BluetoothScanEntry(device: $0, peers: [], sdpProblem: "not searched: browsing stopped"), false, false) }, method)
         }
-        let entries = await withTaskGroup(of: BluetoothScanEntry.self) { group in
-            for device in devices {
+        let asked = devices.filter(searching)
+        var entries = devices.filter { !asked.contains($0) }.map { device in
+            (entry: BluetoothScanEntry(device: device, peers: [], sdpProblem: "not asked this round: it had no PeerLink record lately"),
+             searched: false, published: false)
+        }
+        entries += await withTaskGroup(of: (entry: BluetoothScanEntry, searched: Bool, published: Bool).self) { group in
+            for device in asked {
                 group.addTask {
-                    await lookUp(device, serviceType: serviceType, local: local, excluding: excluding, logger: logger)
+                    let (entry, published) = await lookUp(device, serviceType: serviceType, local: local, excluding: excluding, logger: logger)
+                    return (entry, true, published)
                 }
             }
-            var entries: [BluetoothScanEntry] = []
+            var entries: [(entry: BluetoothScanEntry, searched: Bool, published: Bool)] = []
             for await entry in group { entries.append(entry) }
-            return entries.sorted { $0.device.address < $1.device.address }
+            return entries
         }
-        return (entries, method)
+        return (entries.sorted { $0.entry.device.address < $1.entry.device.address }, method)
     }
 
     /// One device's PeerLink record, searched on a thread of its own: the SDP client's socket
     /// calls block until the device answers (up to 10 s), and a detached task would block a
-    /// cooperative thread as much.
+    /// cooperative thread as much. `published`: whether it has a record of the service type,
+    /// one of `excluding` or not.
     static func lookUp(
         _ device: BluetoothDevice, serviceType: ServiceType, local: BluetoothAddress, excluding: Set<Fingerprint>, logger: Logger
-    ) async -> BluetoothScanEntry {
+    ) async -> (entry: BluetoothScanEntry, published: Bool) {
         let result = await runBlocking("peerlink-sdp") {
             Result { () throws(PeerLinkError) -> [PeerLinkServiceRecord] in
                 try SDPClient.peerLinkRecords(at: device.address, from: local, serviceType: serviceType)
@@ -56,10 +75,10 @@ extension BluetoothScanner {
                     id: record.record.peerID, protocolVersion: record.record.version,
                     endpoints: record.endpoints(at: device.address), info: record.record.info)
             }
-            return BluetoothScanEntry(device: device, peers: peers, sdpProblem: nil)
+            return (BluetoothScanEntry(device: device, peers: peers, sdpProblem: nil), !records.isEmpty)
         case .failure(let error):
             logger.debug("SDP search failed", metadata: ["address": "\(device.address)", "error": "\(error.message)"])
-            return BluetoothScanEntry(device: device, peers: [], sdpProblem: error.message)
+            return (BluetoothScanEntry(device: device, peers: [], sdpProblem: error.message), false)
         }
     }
 }
@@ -70,6 +89,9 @@ extension BluetoothScanner {
 ///
 /// An SDP answer proves the peer is there, so no further probe is made; a peer missing from
 /// `roundsBeforeLost` rounds in a row (its record withdrawn or the device gone) is lost.
+/// Devices that never published a PeerLink record are asked less and less often (at most
+/// every 6 rounds, at once when their name or class changes), not every round: each search
+/// pages the device (``SDPSearchSchedule``).
 public final class BluetoothBrowser: TransportBrowser {
     public let serviceType: ServiceType
     public let adapter: String?
@@ -106,8 +128,14 @@ public final class BluetoothBrowser: TransportBrowser {
     /// Bluetooth stack throws here (`unavailable`) rather than ending the sequence silently.
     /// Browsing stops when the consumer stops iterating.
     public func events() async throws(PeerLinkError) -> AsyncStream<DiscoveryEvent> {
-        let first = try await BluetoothScanner.scanForPeers(
-            serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger)
+        let firstRound = try await BluetoothScanner.scanForPeers(
+            serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger,
+            searching: { _ in true })
+        var schedule = SDPSearchSchedule()
+        for scanned in firstRound.entries where scanned.searched {
+            schedule.searched(scanned.entry.device, published: scanned.published, round: 0)
+        }
+        let first = (entries: firstRound.entries.map(\.entry), method: firstRound.method)
         lastRound.set(first)
         let (events, output) = AsyncStream<DiscoveryEvent>.makeStream()
         let serviceType = serviceType, adapter = adapter, roundDuration = roundDuration
@@ -115,16 +143,24 @@ public final class BluetoothBrowser: TransportBrowser {
         // What the first round found is in the stream before it is returned.
         var known: [Fingerprint: (peer: DiscoveredPeer, missed: Int)] = [:]
         Self.report(first.entries, known: &known, roundsBeforeLost: roundsBeforeLost, to: output)
-        let driver = Task { [known] in
+        let driver = Task { [known, schedule] in
             var known = known
+            var schedule = schedule
+            var number = 0
             while !Task.isCancelled {
+                number += 1
                 let round: [BluetoothScanEntry]
                 do {
+                    let asOf = number, pick = schedule
                     let next = try await BluetoothScanner.scanForPeers(
-                        serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger)
+                        serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger,
+                        searching: { pick.shouldSearch($0, round: asOf) })
                     if Task.isCancelled { break }
-                    lastRound.set(next)
-                    round = next.entries
+                    for scanned in next.entries where scanned.searched {
+                        schedule.searched(scanned.entry.device, published: scanned.published, round: number)
+                    }
+                    round = next.entries.map(\.entry)
+                    lastRound.set((round, next.method))
                 } catch let error as PeerLinkError {
                     logger.warning("Bluetooth scan failed: \(error.message)")
                     try? await Task.sleep(for: roundDuration)
