@@ -156,8 +156,12 @@ public final class BluetoothBrowser: TransportBrowser {
                         serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger,
                         searching: { pick.shouldSearch($0, round: asOf) })
                     if Task.isCancelled { break }
-                    for scanned in next.entries where scanned.searched {
-                        schedule.searched(scanned.entry.device, published: scanned.published, round: number)
+                    for scanned in next.entries {
+                        if scanned.searched {
+                            schedule.searched(scanned.entry.device, published: scanned.published, round: number)
+                        } else {
+                            schedule.saw(scanned.entry.device)
+                        }
                     }
                     round = next.entries.map(\.entry)
                     lastRound.set((round, next.method))

@@ -37,8 +37,24 @@ struct SDPSearchSchedule: Sendable {
     func shouldSearch(_ device: BluetoothDevice, round: Int) -> Bool {
         if serving.contains(device.address) { return true }
         guard let entry = quiet[device.address] else { return true }
-        if entry.name != device.name || entry.deviceClass != device.deviceClass { return true }
+        // a name or class not known in one of the two rounds is no change (a round may see a
+        // device before its name is read)
+        if Self.differ(entry.name, device.name) || Self.differ(entry.deviceClass, device.deviceClass) { return true }
         return round >= entry.nextRound
+    }
+
+    private static func differ<T: Equatable>(_ a: T?, _ b: T?) -> Bool {
+        guard let a, let b else { return false }
+        return a != b
+    }
+
+    /// A round saw `device` without asking it: a name or class learnt meanwhile is kept, to
+    /// tell a later change by.
+    mutating func saw(_ device: BluetoothDevice) {
+        guard var entry = quiet[device.address] else { return }
+        entry.name = entry.name ?? device.name
+        entry.deviceClass = entry.deviceClass ?? device.deviceClass
+        quiet[device.address] = entry
     }
 
     /// Round `round` asked `device`: `published` whether it answered with a PeerLink record
@@ -49,8 +65,11 @@ struct SDPSearchSchedule: Sendable {
             if serving.count < Self.capacity { serving.insert(device.address) }
             return
         }
-        let interval = quiet[device.address].map { min($0.interval * 2, Self.maximumInterval) } ?? 2
-        quiet[device.address] = Quiet(nextRound: round + interval, interval: interval, name: device.name, deviceClass: device.deviceClass)
+        let before = quiet[device.address]
+        let interval = before.map { min($0.interval * 2, Self.maximumInterval) } ?? 2
+        quiet[device.address] = Quiet(
+            nextRound: round + interval, interval: interval, name: device.name ?? before?.name,
+            deviceClass: device.deviceClass ?? before?.deviceClass)
         if quiet.count > Self.capacity, let oldest = quiet.min(by: { $0.value.nextRound < $1.value.nextRound }) {
             quiet[oldest.key] = nil
         }

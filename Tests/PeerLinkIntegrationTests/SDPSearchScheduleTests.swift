@@ -55,6 +55,20 @@ struct SDPSearchScheduleTests {
         #expect(schedule.shouldSearch(Self.laptop, round: 2))
     }
 
+    @Test func aNameOrClassNotReadInOneRoundIsNoChange() {
+        var schedule = SDPSearchSchedule()
+        var unnamed = Self.phone
+        unnamed.name = nil
+        unnamed.deviceClass = nil
+        schedule.searched(unnamed, published: false, round: 0)
+        #expect(!schedule.shouldSearch(Self.phone, round: 1), "its name and class were read after the search")
+        schedule.saw(Self.phone)
+        #expect(!schedule.shouldSearch(unnamed, round: 1), "a round that could not read them")
+        var renamed = Self.phone
+        renamed.name = "phone 2"
+        #expect(schedule.shouldSearch(renamed, round: 1), "the name learnt meanwhile tells a change")
+    }
+
     @Test func aCrowdOfMadeUpAddressesIsBounded() {
         var schedule = SDPSearchSchedule()
         for index in 0..<(SDPSearchSchedule.capacity + 200) {
