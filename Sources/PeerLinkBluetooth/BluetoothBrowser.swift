@@ -37,10 +37,16 @@ extension BluetoothScanner {
         if Task.isCancelled {
             return (devices.map { (BluetoothScanEntry(device: $0, peers: [], sdpProblem: "not searched: browsing stopped"), false, false) }, method)
         }
-        let asked = devices.filter(searching)
-        var entries = devices.filter { !asked.contains($0) }.map { device in
-            (entry: BluetoothScanEntry(device: device, peers: [], sdpProblem: "not asked this round: it had no PeerLink record lately"),
-             searched: false, published: false)
+        var asked: [BluetoothDevice] = []
+        var entries: [(entry: BluetoothScanEntry, searched: Bool, published: Bool)] = []
+        for device in devices {
+            if searching(device) {
+                asked.append(device)
+            } else {
+                entries.append(
+                    (BluetoothScanEntry(device: device, peers: [], sdpProblem: "not asked this round: it had no PeerLink record lately"),
+                     false, false))
+            }
         }
         entries += await withTaskGroup(of: (entry: BluetoothScanEntry, searched: Bool, published: Bool).self) { group in
             for device in asked {
@@ -132,9 +138,7 @@ public final class BluetoothBrowser: TransportBrowser {
             serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger,
             searching: { _ in true })
         var schedule = SDPSearchSchedule()
-        for scanned in firstRound.entries where scanned.searched {
-            schedule.searched(scanned.entry.device, published: scanned.published, round: 0)
-        }
+        schedule.took(firstRound.entries, round: 0)
         let first = (entries: firstRound.entries.map(\.entry), method: firstRound.method)
         lastRound.set(first)
         let (events, output) = AsyncStream<DiscoveryEvent>.makeStream()
@@ -156,13 +160,7 @@ public final class BluetoothBrowser: TransportBrowser {
                         serviceType: serviceType, adapter: adapter, duration: roundDuration, excluding: excluding, logger: logger,
                         searching: { pick.shouldSearch($0, round: asOf) })
                     if Task.isCancelled { break }
-                    for scanned in next.entries {
-                        if scanned.searched {
-                            schedule.searched(scanned.entry.device, published: scanned.published, round: number)
-                        } else {
-                            schedule.saw(scanned.entry.device)
-                        }
-                    }
+                    schedule.took(next.entries, round: number)
                     round = next.entries.map(\.entry)
                     lastRound.set((round, next.method))
                 } catch let error as PeerLinkError {

@@ -48,6 +48,17 @@ struct SDPSearchSchedule: Sendable {
         return a != b
     }
 
+    /// What round `round` saw: each device it asked, and those it did not.
+    mutating func took(_ entries: [(entry: BluetoothScanEntry, searched: Bool, published: Bool)], round: Int) {
+        for scanned in entries {
+            if scanned.searched {
+                searched(scanned.entry.device, published: scanned.published, round: round)
+            } else {
+                saw(scanned.entry.device)
+            }
+        }
+    }
+
     /// A round saw `device` without asking it: a name or class learnt meanwhile is kept, to
     /// tell a later change by.
     mutating func saw(_ device: BluetoothDevice) {
