@@ -27,6 +27,17 @@ public struct FIFO<Element: Sendable>: Sendable {
     /// The element `offset` places after the first (0: the first).
     @inlinable public subscript(offset offset: Int) -> Element { storage[head + offset]! }
 
+    /// Puts `element` before the first item: O(1) right after a ``removeFirst()`` (its slot is
+    /// reused), O(n) once the storage was compacted.
+    @inlinable public mutating func prepend(_ element: Element) {
+        if head > 0 {
+            head -= 1
+            storage[head] = element
+        } else {
+            storage.insert(element, at: 0)
+        }
+    }
+
     @inlinable public mutating func removeFirst() -> Element? {
         guard head < storage.count else { return nil }
         let element = storage[head]

@@ -38,6 +38,12 @@ public protocol LinkChannel: AnyObject, Sendable {
     /// message queued during one waits behind short on a slow transport. The default (two full
     /// frames, 32 KiB) suits Bluetooth; TCP takes more.
     var writeBatchLimit: Int { get }
+    /// The largest `DATA` or `MESSAGE` payload a link writes on this channel to a peer that
+    /// takes large frames (``Hello/maxFramePayload``). Larger frames cost less per byte of a
+    /// bulk transfer; on a slow transport a message waits behind the frame being written. The
+    /// default, ``WireFormat/maxFramePayload``, suits Bluetooth; TCP takes
+    /// ``WireFormat/largeFramePayload``.
+    var largestFramePayload: Int { get }
 }
 
 extension LinkChannel {
@@ -52,6 +58,9 @@ extension LinkChannel {
 
     /// Two full frames (32 KiB).
     public var writeBatchLimit: Int { 2 * WireFormat.maxFramePayload }
+
+    /// ``WireFormat/maxFramePayload``.
+    public var largestFramePayload: Int { WireFormat.maxFramePayload }
 }
 
 /// A transport's dialer: turns an endpoint of its kinds into a ``LinkChannel``.

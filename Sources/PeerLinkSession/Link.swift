@@ -54,6 +54,11 @@ public final class Link: Sendable {
         public var hello: Hello
         public var encrypted: Bool
         public var version: UInt8
+        /// The largest `DATA` or `MESSAGE` payload the link writes: what both sides take
+        /// (``PeerLinkCore/Hello/framePayloadLimit(_:_:)``), within what the channel carries well
+        /// (``PeerLinkCore/LinkChannel/largestFramePayload``). A session cuts messages into
+        /// chunks of this size for the link.
+        public var bulkFramePayload: Int = WireFormat.maxFramePayload
     }
 
     /// Why and by whom a link was closed.
@@ -320,9 +325,10 @@ public final class Link: Sendable {
         switch frame {
         case .data(let id, _, let payload), .message(let id, _, let payload):
             guard id != 0 else { throw WireError(.protocolError, "a \(frame.type) frame needs a non-zero id") }
-            guard payload.count <= WireFormat.maxFramePayload else {
+            // cut to the link's own limit where it is taken (FrameScheduler.next(maxPayload:))
+            guard payload.count <= WireFormat.largeFramePayload else {
                 throw WireError(
-                    .protocolError, "a \(frame.type) frame of \(payload.count) bytes is over the limit of \(WireFormat.maxFramePayload)")
+                    .protocolError, "a \(frame.type) frame of \(payload.count) bytes is over the limit of \(WireFormat.largeFramePayload)")
             }
         case .datagram(let payload):
             guard payload.count <= WireFormat.maxFramePayload else {
@@ -757,7 +763,8 @@ public final class Link: Sendable {
                 state.queue.append(bytes)
                 state.queuedBytes += bytes.count
             case .established(let remote, let hello, let encrypted, let version):
-                let established = Established(remote: remote, hello: hello, encrypted: encrypted, version: version)
+                let established = Established(
+                    remote: remote, hello: hello, encrypted: encrypted, version: version, bulkFramePayload: bulkFramePayload(&state))
                 state.established = .success(established)
                 let waiters = state.establishedWaiters.removeAll()
                 if !waiters.isEmpty { state.outbox.add { for waiter in waiters { waiter.resume(returning: established) } } }
@@ -1167,12 +1174,13 @@ public final class Link: Sendable {
         let now = clock.now()
         var size = state.queue.reduce(0) { $0 + $1.count }
         var frames: [(frame: Frame, sequence: UInt64?)] = []
-        while size < batchLimit, state.closure == nil, let frame = state.scheduler.next() {
+        let bulk = bulkFramePayload(&state)
+        while size < batchLimit, state.closure == nil, let frame = state.scheduler.next(maxPayload: bulk) {
             size += FrameScheduler.size(of: frame)
             frames.append((frame, nil))
         }
         if let channel = state.channel, state.closure == nil, size < batchLimit {
-            for (frame, sequence) in channel.take(for: self, limit: batchLimit - size, at: now) {
+            for (frame, sequence) in channel.take(for: self, limit: batchLimit - size, maxPayload: bulk, at: now) {
                 size += FrameScheduler.size(of: frame)
                 frames.append((frame, sequence))
             }
@@ -1200,6 +1208,13 @@ public final class Link: Sendable {
         return batch
     }
 
+    /// The largest `DATA` or `MESSAGE` payload this link writes: what both sides take
+    /// (``PeerLinkCore/LinkStateMachine/framePayloadLimit``), within what the channel carries
+    /// well (``PeerLinkCore/LinkChannel/largestFramePayload``).
+    private func bulkFramePayload(_ state: inout State) -> Int {
+        min(state.machine.framePayloadLimit, channel.largestFramePayload)
+    }
+
     /// Seals frames (sequenced ones with their numbers) onto the queue, packed into records.
     private func seal(_ frames: [(frame: Frame, sequence: UInt64?)], at now: Duration, in state: inout State) {
         guard !frames.isEmpty else { return }
@@ -1217,12 +1232,13 @@ public final class Link: Sendable {
     private func flushScheduler(_ state: inout State) {
         guard state.closure == nil, !state.writerDone else { return }
         var frames: [(frame: Frame, sequence: UInt64?)] = []
-        while let frame = state.scheduler.next() { frames.append((frame, nil)) }
+        let bulk = bulkFramePayload(&state)
+        while let frame = state.scheduler.next(maxPayload: bulk) { frames.append((frame, nil)) }
         // and what the channel has for this link (when it is the active one), so what was sent
         // before a close goes out before it
         let now = clock.now()
         if let channel = state.channel {
-            for (frame, sequence) in channel.take(for: self, limit: .max, at: now, final: true) {
+            for (frame, sequence) in channel.take(for: self, limit: .max, maxPayload: bulk, at: now, final: true) {
                 frames.append((frame, sequence))
             }
             state.outbox.add { channel.deliverPending() }

@@ -249,7 +249,8 @@ extension PeerChannel {
         }
     }
 
-    /// Queues `bytes` on stream `id` in frames of at most ``WireFormat/maxFramePayload``, as
+    /// Queues `bytes` on stream `id` in frames of at most ``WireFormat/largeFramePayload`` (cut
+    /// again where a link that takes less writes them, ``FrameScheduler/next(maxPayload:)``), as
     /// many at each turn of the lock as credit and room allow, and wakes the writer once for
     /// them: a 64 KiB write goes to the socket in the writer's batches (two of the default 32 KiB,
     /// one over TCP), not a system call per frame.
@@ -269,7 +270,7 @@ extension PeerChannel {
                     let room = maxQueuedDataBytes - state.scheduler.queuedDataBytes
                     guard room > 0 else { break }
                     let start = offset + queued
-                    let wanted = min(bytes.count - start, WireFormat.maxFramePayload, room)
+                    let wanted = min(bytes.count - start, WireFormat.largeFramePayload, room)
                     let credit = state.streams.takeCredit(id, upTo: wanted)
                     guard credit > 0 else { break }
                     // the write itself, or a part of it sharing its storage: not copied

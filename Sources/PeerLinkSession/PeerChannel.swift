@@ -218,10 +218,13 @@ public final class PeerChannel: Sendable {
 
     /// What `link` writes next: an `ACK` if one is due, then (when `link` is the active one)
     /// kept frames again, then new sequenced frames, up to `limit` bytes and as the
-    /// unacknowledged-bytes limit allows. Each sequenced frame comes with its number.
+    /// unacknowledged-bytes limit allows, new ones in at most `maxPayload` bytes each (the link's
+    /// ``Link/bulkFramePayload``). Each sequenced frame comes with its number.
     /// `final`: the link is closing (its `GO_AWAY` follows): everything queued goes, past the
     /// unacknowledged-bytes limit, since no acknowledgement will come on it.
-    func take(for link: Link, limit: Int, at now: Duration, final: Bool = false) -> [(frame: Frame, sequence: UInt64?)] {
+    func take(
+        for link: Link, limit: Int, maxPayload: Int = .max, at now: Duration, final: Bool = false
+    ) -> [(frame: Frame, sequence: UInt64?)] {
         state.withLock { state -> [(frame: Frame, sequence: UInt64?)] in
             guard state.closure == nil, state.links[ObjectIdentifier(link)] != nil else { return [] }
             let isActive = state.active === link
@@ -229,7 +232,9 @@ public final class PeerChannel: Sendable {
             if isActive {
                 let dataBefore = state.scheduler.queuedDataBytes
                 let priorityBefore = state.scheduler.queuedPriorityBytes
-                taken = state.continuity.nextFrames(from: &state.scheduler, limit: limit, final: final).map { ($0.frame, $0.sequence) }
+                taken = state.continuity.nextFrames(from: &state.scheduler, limit: limit, maxPayload: maxPayload, final: final).map {
+                    ($0.frame, $0.sequence)
+                }
                 noteWritten(link, in: &state)
                 if state.scheduler.queuedDataBytes < dataBefore { wakeStreamWaiters(&state, stream: nil) }
                 if state.scheduler.queuedPriorityBytes < priorityBefore, state.scheduler.queuedPriorityBytes <= maxQueuedBytes {

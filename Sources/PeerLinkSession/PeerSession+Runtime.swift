@@ -751,7 +751,7 @@ extension PeerSession {
             let incarnation = established.hello.incarnation
             let actions = core.machine.linkEstablished(
                 id, peer: peer, dialedLocally: entry.dialed != nil, incarnation: incarnation, transport: link.channel.transport,
-                at: now)
+                framePayload: established.bulkFramePayload, at: now)
             // The peer's channel: the one its links carried so far, unless it started anew.
             if let existing = core.channels[peer.fingerprint], existing.incarnation != incarnation || incarnation == nil {
                 core.channels[peer.fingerprint] = nil

@@ -274,7 +274,7 @@ public final class PeerSession: Sendable {
             preconditionFailure("PeerSession: the supported protocol versions make no preface: \(error)")
         }
         incarnation = .random()
-        hello = Hello(displayName: configuration.displayName, incarnation: incarnation)
+        hello = Hello(displayName: configuration.displayName, incarnation: incarnation, maxFramePayload: WireFormat.largeFramePayload)
         (incomingStreams, streamSink) = AsyncStream.makeStream(of: PeerStream.self, bufferingPolicy: .unbounded)
         (spawns, spawner) = AsyncStream.makeStream(of: (@Sendable () async -> Void).self, bufferingPolicy: .unbounded)
         core = Locked(SessionCore(machine: machine))

@@ -252,6 +252,12 @@ public final class MemoryChannel: LinkChannel {
     /// The network's ``MemoryNetwork/writeBatchLimit``, else the default (32 KiB).
     public var writeBatchLimit: Int { batchLimit ?? 2 * WireFormat.maxFramePayload }
 
+    /// As a real transport of its kind would: ``PeerLinkCore/WireFormat/maxFramePayload`` for the
+    /// Bluetooth kinds (`rfcomm`, `l2cap`), ``PeerLinkCore/WireFormat/largeFramePayload`` for the others.
+    public var largestFramePayload: Int {
+        kind.rawValue == "rfcomm" || kind.rawValue == "l2cap" ? WireFormat.maxFramePayload : WireFormat.largeFramePayload
+    }
+
     public func read() async throws -> [UInt8] {
         try await connection.read(side: side, description: remoteDescription)
     }

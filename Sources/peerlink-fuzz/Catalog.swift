@@ -52,25 +52,34 @@ enum Catalog {
         seeds: { [[4] + Record.framed([1, 2, 3]) + Record.framed([]), [0, 0, 5, 1, 2]] })
 
     static let frame = FuzzTarget(
-        name: "frame", summary: "frames and control messages in a record (Frame.decodeRecord)",
+        name: "frame", summary: "frames and control messages in a record (Frame.decodeRecord), at both frame limits",
         run: { bytes in
             _ = try? FrameHeader.decode(bytes[...])
-            guard let frames = try? Frame.decodeRecord(bytes[...]) else { return }
-            // every frame encodes again with its sequence number (if it is sequenced)
-            var encoded: [UInt8] = []
-            for (frame, sequence) in frames {
-                guard let bytes = try? frame.encoded(sequence: sequence) else {
-                    preconditionFailure("fuzz check failed: a decoded frame does not encode: \(frame), sequence \(sequence.map(String.init) ?? "none")")
+            var decodedSmall = false
+            // the limit every link has, and the one of a link whose two sides take large frames
+            for limit in [WireFormat.maxFramePayload, WireFormat.largeFramePayload] {
+                guard let frames = try? Frame.decodeRecord(bytes[...], payloadLimit: limit) else {
+                    check(!decodedSmall, "a record decodes under the small frame limit but not under the large one")
+                    return
                 }
-                encoded += bytes
-            }
-            guard let again = try? Frame.decodeRecord(encoded[...]), again.count == frames.count else {
-                preconditionFailure("fuzz check failed: decoded frames do not decode once re-encoded: \(frames.map(\.frame))")
-            }
-            for (before, after) in zip(frames, again) {
-                check(before.sequence == after.sequence, "a sequence number changes in a round trip: \(before) / \(after)")
-                if case .goAway = before.frame { continue }  // reasons are escaped when decoded: not a fixed point
-                check(before.frame == after.frame, "a frame changes in a round trip: \(before.frame) / \(after.frame)")
+                if limit == WireFormat.maxFramePayload { decodedSmall = true }
+                // every frame encodes again with its sequence number (if it is sequenced)
+                var encoded: [UInt8] = []
+                for (frame, sequence) in frames {
+                    guard let bytes = try? frame.encoded(sequence: sequence, payloadLimit: limit) else {
+                        preconditionFailure(
+                            "fuzz check failed: a decoded frame does not encode: \(frame), sequence \(sequence.map(String.init) ?? "none")")
+                    }
+                    encoded += bytes
+                }
+                guard let again = try? Frame.decodeRecord(encoded[...], payloadLimit: limit), again.count == frames.count else {
+                    preconditionFailure("fuzz check failed: decoded frames do not decode once re-encoded: \(frames.map(\.frame))")
+                }
+                for (before, after) in zip(frames, again) {
+                    check(before.sequence == after.sequence, "a sequence number changes in a round trip: \(before) / \(after)")
+                    if case .goAway = before.frame { continue }  // reasons are escaped when decoded: not a fixed point
+                    check(before.frame == after.frame, "a frame changes in a round trip: \(before.frame) / \(after.frame)")
+                }
             }
         },
         seeds: {
@@ -97,7 +106,12 @@ enum Catalog {
             guard let hello = try? Hello.decode(bytes) else { return }
             check((try? Hello.decode(hello.encoded())) == hello, "a hello changes in a round trip")
         },
-        seeds: { [Fixtures.hello.encoded(), Hello(displayName: try! DisplayName("Ana")).encoded() + [9, 0, 2, 1, 2]] })
+        seeds: {
+            [
+                Fixtures.hello.encoded(), Hello(displayName: try! DisplayName("Ana")).encoded() + [9, 0, 2, 1, 2],
+                Hello(displayName: try! DisplayName("Bo"), maxFramePayload: WireFormat.largeFramePayload).encoded(),
+            ]
+        })
 
     /// A link state machine fed `bytes` in pieces, with the clock moving between them.
     static func drive(_ machine: inout LinkStateMachine, _ bytes: [UInt8]) {

@@ -128,8 +128,11 @@ public struct Continuity: Sendable {
     /// What the link carrying the pair writes next, about `limit` bytes at most: kept frames
     /// again (after a link change), then new frames from `scheduler`, numbered, while the
     /// unacknowledged-bytes limit allows (`final`: the link is closing and no acknowledgement
-    /// will come on it: everything queued goes).
-    public mutating func nextFrames(from scheduler: inout FrameScheduler, limit: Int, final: Bool = false) -> [Retained] {
+    /// will come on it: everything queued goes). New frames are taken in at most `maxPayload`
+    /// bytes each (``FrameScheduler/next(maxPayload:)``); kept ones go again as they were.
+    public mutating func nextFrames(
+        from scheduler: inout FrameScheduler, limit: Int, maxPayload: Int = .max, final: Bool = false
+    ) -> [Retained] {
         var taken: [Retained] = []
         var size = 0
         if hasFramesToResend, let first = kept.first?.sequence {
@@ -144,7 +147,7 @@ public struct Continuity: Sendable {
             }
             if hasFramesToResend { return taken }
         }
-        while size < limit, final || canSend, let frame = scheduler.next() {
+        while size < limit, final || canSend, let frame = scheduler.next(maxPayload: maxPayload) {
             let frameSize = FrameScheduler.size(of: frame)
             taken.append(Retained(sequence: stamp(frame, size: frameSize), frame: frame, size: frameSize))
             size += frameSize

@@ -77,8 +77,9 @@ struct PeerOutbox: Sendable {
     /// The next chunk, round-robin across the messages started: one chunk of the first of them,
     /// which then goes to the back if it has chunks left. Messages waiting are started, in
     /// order, while ``maxInterleaved`` and ``interleaveBytes`` allow. `nextID` gives a message
-    /// its id when its first chunk is taken (counting up on the link, skipping 0).
-    mutating func takeChunk(nextID: inout UInt32) -> Frame? {
+    /// its id when its first chunk is taken (counting up on the link, skipping 0). A chunk is at
+    /// most `maxChunk` bytes (the link's; the last of a message may be shorter).
+    mutating func takeChunk(nextID: inout UInt32, maxChunk: Int = WireFormat.maxFramePayload) -> Frame? {
         while let next = messages.first,
             started.isEmpty || (started.count < Self.maxInterleaved && startedBytes + next.bytes.count <= Self.interleaveBytes)
         {
@@ -96,7 +97,7 @@ struct PeerOutbox: Sendable {
             nextID = nextID == .max ? 1 : nextID + 1
             message.id = id
         }
-        let end = min(message.offset + WireFormat.maxFramePayload, message.bytes.count)
+        let end = min(message.offset + maxChunk, message.bytes.count)
         // A message that fits one frame is its own chunk; a longer one's chunks are parts of it
         // (its storage shared, kept while the pair's continuity holds a chunk for a resend):
         // no copy either way.

@@ -138,6 +138,8 @@ struct LinkRecord: Sendable {
     let establishedAt: Duration
     /// Its transport's rank (``SessionPolicy/transportRanks``).
     let rank: Int
+    /// The largest message chunk it carries (``SessionStateMachine/linkEstablished(_:peer:dialedLocally:incarnation:transport:framePayload:at:)``).
+    let framePayload: Int
     /// A `JOIN` went out on this link.
     var joinSent = false
 }

@@ -570,9 +570,12 @@ public struct SessionStateMachine: Sendable {
     ///     the session knows means the peer started anew: the old one leaves first.
     ///   - transport: the link's transport (`tcp`, `l2cap`, ...), ranked by
     ///     ``SessionPolicy/transportRanks``: of several links to a peer the best ranked is kept.
+    ///   - framePayload: the largest message chunk the link carries (at least
+    ///     ``WireFormat/maxFramePayload``; more when both sides take large frames over a
+    ///     transport that carries them well): messages are cut into chunks of this size for it.
     public mutating func linkEstablished(
         _ link: LinkID, peer: PeerID, dialedLocally: Bool, incarnation: Incarnation? = nil, transport: String = "",
-        at time: Duration
+        framePayload: Int = WireFormat.maxFramePayload, at time: Duration
     ) -> [SessionAction] {
         advance(to: time)
         guard links[link] == nil else { return takeActions() }
@@ -603,7 +606,8 @@ public struct SessionStateMachine: Sendable {
         peers[peer.fingerprint] = record
         links[link] = LinkRecord(
             peer: peer.fingerprint, dialedLocally: dialedLocally, order: nextLinkOrder, establishedAt: now,
-            rank: policy.rank(of: transport))
+            rank: policy.rank(of: transport),
+            framePayload: min(max(framePayload, WireFormat.maxFramePayload), WireFormat.largeFramePayload))
         nextLinkOrder += 1
         collapseDuplicates(of: peer.fingerprint)
         settle()
@@ -820,7 +824,7 @@ public struct SessionStateMachine: Sendable {
             var record = peers.removeValue(forKey: linkRecord.peer)
         else { return nil }
         defer { peers[linkRecord.peer] = record }
-        return nextFrame(from: &record, on: link)
+        return nextFrame(from: &record, on: link, maxChunk: linkRecord.framePayload)
     }
 
     /// The frames ``nextFrame(for:)`` would give one call at a time, in the same order, until
@@ -840,7 +844,7 @@ public struct SessionStateMachine: Sendable {
         defer { swap(&record, &peers.values[index]) }
         var frames: [Frame] = []
         var size = 0
-        while size < limit, let frame = nextFrame(from: &record, on: link) {
+        while size < limit, let frame = nextFrame(from: &record, on: link, maxChunk: linkRecord.framePayload) {
             frames.append(frame)
             size += FrameScheduler.size(of: frame)
             if !frame.type.isSequenced { break }
@@ -849,7 +853,8 @@ public struct SessionStateMachine: Sendable {
     }
 
     /// ``nextFrame(for:)`` of the record of the peer `link` sends for, taken out of the table.
-    private mutating func nextFrame(from record: inout PeerRecord, on link: LinkID) -> Frame? {
+    /// Message chunks are at most `maxChunk` bytes (the link's ``LinkRecord/framePayload``).
+    private mutating func nextFrame(from record: inout PeerRecord, on link: LinkID, maxChunk: Int) -> Frame? {
         if !record.isMember { nextDeadlineMayBeEarlier = true }
         while let control = record.outbox.takeControl() {
             switch control {
@@ -873,7 +878,7 @@ public struct SessionStateMachine: Sendable {
         if !record.outbox.datagramsLast || !record.outbox.hasMessages, let datagram = record.outbox.takeDatagram() {
             return .datagram(datagram)
         }
-        if let chunk = record.outbox.takeChunk(nextID: &record.nextMessageID) {
+        if let chunk = record.outbox.takeChunk(nextID: &record.nextMessageID, maxChunk: maxChunk) {
             return chunk
         }
         record.signalled = false

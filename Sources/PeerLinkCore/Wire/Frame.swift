@@ -40,6 +40,11 @@ public enum FrameType: UInt8, Hashable, Sendable, CaseIterable, CustomStringConv
         case .ping, .goAway, .control, .datagram, .ack: false
         }
     }
+
+    /// Whether frames of this type carry bulk bytes (a stream's or a reliable message's), whose
+    /// payload may be larger than ``WireFormat/maxFramePayload`` on a link whose two sides
+    /// both take large frames (``Hello/maxFramePayload``).
+    public var carriesBulk: Bool { self == .data || self == .message }
 }
 
 /// The flags of a frame header. Bits this version does not define are kept, not refused.
@@ -120,7 +125,12 @@ public struct FrameHeader: Hashable, Sendable {
 
     /// Decodes the header at the start of `bytes` and checks everything the header alone can
     /// tell: version, type, payload limit, stream id, and the sequence number of a sequenced type.
-    public static func decode(_ bytes: ArraySlice<UInt8>) throws(WireError) -> FrameHeader {
+    ///
+    /// - Parameter payloadLimit: the largest `DATA` or `MESSAGE` payload taken (the link's,
+    ///   ``Hello/framePayloadLimit(_:_:)``); every other type's is ``WireFormat/maxFramePayload``.
+    public static func decode(
+        _ bytes: ArraySlice<UInt8>, payloadLimit: Int = WireFormat.maxFramePayload
+    ) throws(WireError) -> FrameHeader {
         var reader = WireReader(bytes)
         guard let version = reader.uint8(), let typeByte = reader.uint8(), let flags = reader.uint16(),
             let streamID = reader.uint32(), let length = reader.uint32()
@@ -131,8 +141,9 @@ public struct FrameHeader: Hashable, Sendable {
         guard let type = FrameType(rawValue: typeByte) else {
             throw .malformed("frame type \(WireText.hex(typeByte)) is unknown")
         }
-        guard length <= WireFormat.maxFramePayload else {
-            throw .malformed("a \(type) frame of \(length) bytes is over the limit of \(WireFormat.maxFramePayload)")
+        let limit = type.carriesBulk ? payloadLimit : WireFormat.maxFramePayload
+        guard length <= limit else {
+            throw .malformed("a \(type) frame of \(length) bytes is over the limit of \(limit)")
         }
         if type.hasID, streamID == 0 {
             throw .malformed("a \(type) frame has id 0")
@@ -201,23 +212,47 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
         }
     }
 
+    /// A `DATA` or `MESSAGE` frame whose payload is over `maxPayload` bytes, cut in two that
+    /// mean the same to the receiver: the first `maxPayload` bytes (a `MESSAGE` chunk with
+    /// `MORE`, `DATA` without `FIN`), then the rest with the frame's flags. Nil for any other
+    /// frame, one that fits, and a `DATA` frame that opens, accepts or resets its stream (`SYN`, `ACK`, `RST`:
+    /// never that long).
+    public func cut(at maxPayload: Int) -> (head: Frame, tail: Frame)? {
+        guard maxPayload > 0 else { return nil }
+        switch self {
+        case .data(let stream, let flags, let payload) where payload.count > maxPayload && flags.isDisjoint(with: [.syn, .ack, .rst]):
+            let (head, tail) = payload.split(at: maxPayload)
+            return (.data(stream: stream, flags: flags.subtracting(.fin), payload: head), .data(stream: stream, flags: flags, payload: tail))
+        case .message(let id, let flags, let chunk) where chunk.count > maxPayload:
+            let (head, tail) = chunk.split(at: maxPayload)
+            return (.message(id: id, flags: flags.union(.more), chunk: head), .message(id: id, flags: flags, chunk: tail))
+        default:
+            return nil
+        }
+    }
+
     /// The frame's bytes: header and payload.
     ///
-    /// - Parameter sequence: the sequence number of a sequenced frame (``FrameType/isSequenced``):
-    ///   required there (1 or more), and only there.
+    /// - Parameters:
+    ///   - sequence: the sequence number of a sequenced frame (``FrameType/isSequenced``):
+    ///     required there (1 or more), and only there.
+    ///   - payloadLimit: the largest `DATA` or `MESSAGE` payload the link carries
+    ///     (``Hello/framePayloadLimit(_:_:)``); every other type's is 16384 bytes.
     /// - Throws: a ``WireError`` (code 1) for a frame the format cannot carry: a payload over
-    ///   16384 bytes, id 0 on a `DATA`, `WINDOW_UPDATE` or `MESSAGE` frame, a sequence number
+    ///   its limit, id 0 on a `DATA`, `WINDOW_UPDATE` or `MESSAGE` frame, a sequence number
     ///   missing on a sequenced frame or given to another, or a control message that cannot be
     ///   encoded. A `GO_AWAY` reason that does not fit is cut instead.
-    public func encoded(sequence: UInt64? = nil) throws(WireError) -> [UInt8] {
+    public func encoded(sequence: UInt64? = nil, payloadLimit: Int = WireFormat.maxFramePayload) throws(WireError) -> [UInt8] {
         var bytes: [UInt8] = []
-        try encode(sequence: sequence, into: &bytes)
+        try encode(sequence: sequence, payloadLimit: payloadLimit, into: &bytes)
         return bytes
     }
 
     /// Appends the frame's bytes (``encoded(sequence:)``) to `bytes`: a record being built
     /// frame by frame. Throws as ``encoded(sequence:)`` does, and then appends nothing.
-    public func encode(sequence: UInt64? = nil, into bytes: inout [UInt8]) throws(WireError) {
+    public func encode(
+        sequence: UInt64? = nil, payloadLimit: Int = WireFormat.maxFramePayload, into bytes: inout [UInt8]
+    ) throws(WireError) {
         let id: UInt32
         let flags: FrameFlags
         // A DATA or MESSAGE frame's payload as it is; any other frame's written here.
@@ -254,9 +289,9 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
             throw .malformed("a \(type) frame carries no sequence number")
         }
         let length = carried?.count ?? payload.count
-        guard length <= WireFormat.maxFramePayload else {
-            throw .malformed(
-                "a \(type) frame of \(length) bytes is over the limit of \(WireFormat.maxFramePayload)")
+        let limit = carried == nil ? WireFormat.maxFramePayload : payloadLimit
+        guard length <= limit else {
+            throw .malformed("a \(type) frame of \(length) bytes is over the limit of \(limit)")
         }
         let header = FrameHeader(type: type, flags: flags, streamID: id, length: UInt32(length), sequence: sequence)
         if bytes.isEmpty { bytes.reserveCapacity(header.encodedLength + length) }
@@ -270,9 +305,14 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
     ///   end, an unknown version or type, a payload over the limit or of a size the type does
     ///   not allow, an id that does not fit the type, a missing or zero sequence number, a
     ///   malformed control message.
-    public static func decodeRecord(_ record: ArraySlice<UInt8>) throws(WireError) -> [(frame: Frame, sequence: UInt64?)] {
+    ///
+    /// - Parameter payloadLimit: the largest `DATA` or `MESSAGE` payload taken
+    ///   (``FrameHeader/decode(_:payloadLimit:)``).
+    public static func decodeRecord(
+        _ record: ArraySlice<UInt8>, payloadLimit: Int = WireFormat.maxFramePayload
+    ) throws(WireError) -> [(frame: Frame, sequence: UInt64?)] {
         var pin: RecordPin?
-        return try decodeRecord(record, pinnable: nil, pin: &pin)
+        return try decodeRecord(record, payloadLimit: payloadLimit, pinnable: nil, pin: &pin)
     }
 
     /// ``decodeRecord(_:)``, keeping each message chunk of at least ``RecordPin/minimumChunk``
@@ -280,7 +320,7 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
     /// storage takes) is given: `pin` is then the record's pin if any chunk is such a part (the
     /// caller must not reuse the storage then), else nil.
     package static func decodeRecord(
-        _ record: ArraySlice<UInt8>, pinnable: Int?, pin: inout RecordPin?
+        _ record: ArraySlice<UInt8>, payloadLimit: Int = WireFormat.maxFramePayload, pinnable: Int?, pin: inout RecordPin?
     ) throws(WireError) -> [(frame: Frame, sequence: UInt64?)] {
         pin = nil
         guard !record.isEmpty else { throw .malformed("a record holds no frame") }
@@ -290,7 +330,7 @@ public enum Frame: Hashable, Sendable, CustomStringConvertible {
             guard rest.count >= FrameHeader.length else {
                 throw .malformed("a record ends with \(rest.count) bytes, shorter than a frame header (12)")
             }
-            let header = try FrameHeader.decode(rest)
+            let header = try FrameHeader.decode(rest, payloadLimit: payloadLimit)
             let start = rest.startIndex + header.encodedLength
             guard rest.count >= header.encodedLength + Int(header.length) else {
                 throw .malformed(

@@ -74,6 +74,24 @@ public struct FramePayload: Hashable, Sendable, ExpressibleByArrayLiteral, Custo
         }
     }
 
+    /// The first `count` bytes and the rest (`0 < count < self.count`), each sharing this
+    /// payload's storage (and record, if any): a frame cut in two copies nothing.
+    public func split(at count: Int) -> (head: FramePayload, tail: FramePayload) {
+        precondition(count > 0 && count < self.count, "a payload of \(self.count) bytes cannot be cut at \(count)")
+        switch storage {
+        case .whole(let bytes):
+            return (FramePayload(bytes, 0..<count), FramePayload(bytes, count..<bytes.count))
+        case .part(let part):
+            let cut = part.bytes.startIndex + count
+            return (
+                FramePayload(storage: .part(Part(part.bytes[..<cut], pin: part.pin))),
+                FramePayload(storage: .part(Part(part.bytes[cut...], pin: part.pin)))
+            )
+        }
+    }
+
+    private init(storage: Storage) { self.storage = storage }
+
     /// Calls `body` with the bytes, in place.
     public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
         switch storage {

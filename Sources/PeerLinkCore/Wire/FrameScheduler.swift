@@ -10,7 +10,10 @@
 ///    one frame per stream per turn.
 ///
 /// A reset drops the frames of its stream still waiting here (they would only be discarded by
-/// the peer).
+/// the peer). A `DATA` or `MESSAGE` frame larger than the link that takes it carries is cut
+/// where it is taken (``next(maxPayload:)``): bytes of a stream or chunks of a message may be
+/// queued in frames of ``WireFormat/largeFramePayload`` and go out in frames of
+/// ``WireFormat/maxFramePayload`` on a link to a peer, or over a transport, that takes no more.
 public struct FrameScheduler: Sendable {
     public enum Lane: Hashable, Sendable {
         case control, messages, data
@@ -67,16 +70,23 @@ public struct FrameScheduler: Sendable {
         }
     }
 
-    /// The next frame to write, or nil when nothing waits.
-    public mutating func next() -> Frame? {
-        if let frame = control.popFirst() ?? messages.popFirst() {
+    /// The next frame to write, or nil when nothing waits. A `DATA` or `MESSAGE` frame with
+    /// more than `maxPayload` bytes (``Frame/cut(at:)``) gives its first `maxPayload` bytes, and
+    /// the rest waits first in its lane.
+    public mutating func next(maxPayload: Int = .max) -> Frame? {
+        if let frame = control.popFirst() {
             queuedPriorityBytes -= Self.size(of: frame)
+            return frame
+        }
+        if let (frame, cut) = messages.popFirst(maxPayload: maxPayload) {
+            // the rest of a cut frame still waits, with a header of its own
+            queuedPriorityBytes -= Self.size(of: frame) - (cut ? Self.headerSize(of: frame) : 0)
             return frame
         }
         guard !turns.isEmpty else { return nil }
         if turn >= turns.count { turn = 0 }
         let id = turns[turn]
-        guard let frame = streams[id]?.popFirst() else { return nil }
+        guard let (frame, _) = streams[id]?.popFirst(maxPayload: maxPayload) else { return nil }
         if case .data(_, _, let payload) = frame { queuedDataBytes -= payload.count }
         if streams[id]!.isEmpty {
             streams[id] = nil
@@ -111,7 +121,12 @@ public struct FrameScheduler: Sendable {
             case .goAway(_, let reason): 4 + reason.utf8.count
             case .control(let message): (try? message.encoded())?.count ?? 0
             }
-        return WireFormat.frameHeaderLength + (frame.type.isSequenced ? FrameHeader.sequenceLength : 0) + payload
+        return headerSize(of: frame) + payload
+    }
+
+    /// A frame's header size on the wire, with the sequence number of a sequenced type.
+    static func headerSize(of frame: Frame) -> Int {
+        WireFormat.frameHeaderLength + (frame.type.isSequenced ? FrameHeader.sequenceLength : 0)
     }
 }
 
@@ -119,18 +134,43 @@ public struct FrameScheduler: Sendable {
 private struct FrameQueue: Sendable {
     private var items = FIFO<Frame>()
     private(set) var dataBytes = 0
+    /// No `DATA` or `MESSAGE` payload waiting is larger (since the queue was last empty): most
+    /// takes need not look whether a frame must be cut.
+    private var largestPayload = 0
 
     var isEmpty: Bool { items.isEmpty }
     var count: Int { items.count }
 
     mutating func append(_ frame: Frame) {
         items.append(frame)
-        if case .data(_, _, let payload) = frame { dataBytes += payload.count }
+        switch frame {
+        case .data(_, _, let payload):
+            dataBytes += payload.count
+            largestPayload = max(largestPayload, payload.count)
+        case .message(_, _, let chunk):
+            largestPayload = max(largestPayload, chunk.count)
+        default:
+            break
+        }
     }
 
     mutating func popFirst() -> Frame? {
         guard let frame = items.removeFirst() else { return nil }
         if case .data(_, _, let payload) = frame { dataBytes -= payload.count }
+        if items.isEmpty { largestPayload = 0 }
         return frame
+    }
+
+    /// The first frame, or its first `maxPayload` bytes when it is a longer `DATA` or `MESSAGE`
+    /// frame (`cut`: the rest stays first).
+    mutating func popFirst(maxPayload: Int) -> (frame: Frame, cut: Bool)? {
+        guard largestPayload > maxPayload else { return popFirst().map { ($0, false) } }
+        guard let frame = popFirst() else { return nil }
+        guard let (head, tail) = frame.cut(at: maxPayload) else { return (frame, false) }
+        items.prepend(tail)
+        // (the queue may have been emptied by the pop: its largest is the rest now, at least)
+        largestPayload = max(largestPayload, FrameScheduler.size(of: tail) - FrameScheduler.headerSize(of: tail))
+        if case .data(_, _, let payload) = tail { dataBytes += payload.count }
+        return (head, true)
     }
 }

@@ -52,13 +52,15 @@ public struct Incarnation: Hashable, Sendable, CustomStringConvertible {
 ///
 /// On the wire a list of fields `type (1) | length (2) | value`: 1 the display name (required,
 /// 1–63 bytes, a valid ``DisplayName``), 2 the session (16 bytes), 3 the incarnation (8
-/// bytes). Unknown field types are skipped; a known field twice, a field running past the end,
+/// bytes), 4 the largest `DATA` or `MESSAGE` payload the sender takes (4 bytes, at least
+/// 16384). Unknown field types are skipped; a known field twice, a field running past the end,
 /// or a missing name is malformed.
 public struct Hello: Hashable, Sendable {
     enum Field: UInt8 {
         case displayName = 1
         case session = 2
         case incarnation = 3
+        case maxFramePayload = 4
     }
 
     public var displayName: DisplayName
@@ -66,11 +68,26 @@ public struct Hello: Hashable, Sendable {
     /// The sender's incarnation; nil from a side that does not resume links (it never keeps
     /// frames for a next link).
     public var incarnation: Incarnation?
+    /// The largest `DATA` or `MESSAGE` payload the sender takes, when it takes frames larger
+    /// than ``WireFormat/maxFramePayload``; nil from a side that does not (then neither side
+    /// sends it large frames on the link, nor takes them from it).
+    public var maxFramePayload: Int?
 
-    public init(displayName: DisplayName, session: SessionID? = nil, incarnation: Incarnation? = nil) {
+    public init(
+        displayName: DisplayName, session: SessionID? = nil, incarnation: Incarnation? = nil, maxFramePayload: Int? = nil
+    ) {
         self.displayName = displayName
         self.session = session
         self.incarnation = incarnation
+        self.maxFramePayload = maxFramePayload
+    }
+
+    /// The largest `DATA` or `MESSAGE` payload on a link between a side that said `local` and
+    /// one that said `remote`: the smaller of the two when both take large frames, else
+    /// ``WireFormat/maxFramePayload``. The same in both directions and on both sides.
+    public static func framePayloadLimit(_ local: Hello, _ remote: Hello) -> Int {
+        guard let mine = local.maxFramePayload, let theirs = remote.maxFramePayload else { return WireFormat.maxFramePayload }
+        return max(WireFormat.maxFramePayload, min(mine, theirs))
     }
 
     public func encoded() -> [UInt8] {
@@ -89,6 +106,11 @@ public struct Hello: Hashable, Sendable {
             bytes.appendBigEndian(UInt16(8))
             bytes.appendBigEndian(incarnation.value)
         }
+        if let maxFramePayload {
+            bytes.append(Field.maxFramePayload.rawValue)
+            bytes.appendBigEndian(UInt16(4))
+            bytes.appendBigEndian(UInt32(clamping: maxFramePayload))
+        }
         return bytes
     }
 
@@ -98,6 +120,7 @@ public struct Hello: Hashable, Sendable {
         var name: DisplayName?
         var session: SessionID?
         var incarnation: Incarnation?
+        var maxFramePayload: Int?
         while !reader.isAtEnd {
             guard let type = reader.uint8(), let length = reader.uint16() else {
                 throw .malformed("the hello ends inside a field header")
@@ -128,12 +151,22 @@ public struct Hello: Hashable, Sendable {
                 }
                 guard number != 0 else { throw .malformed("the hello's incarnation is 0, which no run of a session draws") }
                 incarnation = Incarnation(number)
+            case .maxFramePayload:
+                guard maxFramePayload == nil else { throw .malformed("the hello has two frame payload limits") }
+                var field = WireReader(value)
+                guard length == 4, let limit = field.uint32() else {
+                    throw .malformed("the hello's frame payload limit is \(length) bytes, not 4")
+                }
+                guard limit >= WireFormat.maxFramePayload else {
+                    throw .malformed("the hello's frame payload limit is \(limit), below the \(WireFormat.maxFramePayload) every peer takes")
+                }
+                maxFramePayload = Int(limit)
             case nil:
                 continue  // a field a later version added
             }
         }
         guard let name else { throw .malformed("the hello has no display name") }
-        return Hello(displayName: name, session: session, incarnation: incarnation)
+        return Hello(displayName: name, session: session, incarnation: incarnation, maxFramePayload: maxFramePayload)
     }
 
     public static func decode(_ bytes: [UInt8]) throws(WireError) -> Hello {

@@ -102,6 +102,10 @@ public struct LinkStateMachine: Sendable {
     /// The authenticated peer and its hello, once established.
     public private(set) var remotePeer: PeerID?
     public private(set) var remoteHello: Hello?
+    /// The largest `DATA` or `MESSAGE` payload on this link, both ways, once established:
+    /// ``Hello/framePayloadLimit(_:_:)`` of the two hellos (``WireFormat/maxFramePayload``
+    /// unless both sides take large frames).
+    public private(set) var framePayloadLimit = WireFormat.maxFramePayload
     /// The Noise handshake hash, identical on both sides: for channel binding or a short
     /// verification code.
     public private(set) var handshakeHash: [UInt8]?
@@ -254,7 +258,7 @@ public struct LinkStateMachine: Sendable {
             finish(code, reason, byPeer: false)
             return flush()
         }
-        sendRecord(try frame.encoded(sequence: sequence))
+        sendRecord(try frame.encoded(sequence: sequence, payloadLimit: framePayloadLimit))
         return flush()
     }
 
@@ -295,7 +299,7 @@ public struct LinkStateMachine: Sendable {
             }
             if !large { records.holdsSmallFrame = true }
             do throws(WireError) {
-                try records.append(frame, sequence: sequence, plaintextCapacity: min(limit, remaining))
+                try records.append(frame, sequence: sequence, payloadLimit: framePayloadLimit, plaintextCapacity: min(limit, remaining))
             } catch {
                 guard sendRecords(&records) else { break }
                 finish(.internalError, "could not encode \(frame): \(error.reason)", byPeer: false)
@@ -554,6 +558,7 @@ public struct LinkStateMachine: Sendable {
         }
         remotePeer = peer
         remoteHello = hello
+        framePayloadLimit = Hello.framePayloadLimit(localHello, hello)
         output.append(
             .established(remote: peer, remoteHello: hello, encrypted: isEncrypted ?? true, version: version ?? WireFormat.version))
     }
@@ -622,9 +627,10 @@ public struct LinkStateMachine: Sendable {
                 } catch {
                     throw WireError(.protocolError, "a record failed to decrypt: \(error)")
                 }
-                frames = try Frame.decodeRecord(plaintext[...], pinnable: plaintext.capacity, pin: &pin)
+                frames = try Frame.decodeRecord(
+                    plaintext[...], payloadLimit: framePayloadLimit, pinnable: plaintext.capacity, pin: &pin)
             } else {
-                frames = try Frame.decodeRecord(body, pinnable: buffer.ownedStorageSize, pin: &pin)
+                frames = try Frame.decodeRecord(body, payloadLimit: framePayloadLimit, pinnable: buffer.ownedStorageSize, pin: &pin)
             }
         }
         buffer.consume(length, keepingParts: !encrypted && pin != nil)
@@ -806,10 +812,10 @@ struct RecordBuilder {
 
     /// Appends `frame` to the record being built (starting one). Throws as
     /// ``Frame/encode(sequence:into:)``, and then appends nothing.
-    mutating func append(_ frame: Frame, sequence: UInt64?, plaintextCapacity: Int) throws(WireError) {
+    mutating func append(_ frame: Frame, sequence: UInt64?, payloadLimit: Int, plaintextCapacity: Int) throws(WireError) {
         if encrypted {
             if plaintext.isEmpty, plaintext.capacity < plaintextCapacity { plaintext.reserveCapacity(plaintextCapacity) }
-            try frame.encode(sequence: sequence, into: &plaintext)
+            try frame.encode(sequence: sequence, payloadLimit: payloadLimit, into: &plaintext)
             frameBytes = plaintext.count
             return
         }
@@ -819,7 +825,7 @@ struct RecordBuilder {
             wire.append(0)
         }
         let before = wire.count
-        try frame.encode(sequence: sequence, into: &wire)
+        try frame.encode(sequence: sequence, payloadLimit: payloadLimit, into: &wire)
         frameBytes += wire.count - before
     }
 

@@ -20,8 +20,13 @@ public enum WireFormat {
     /// The size of a frame header's fixed part: version, type, flags, stream id, length (a
     /// sequenced frame's 8-byte sequence number follows it).
     public static let frameHeaderLength = 12
-    /// The largest frame payload (the maximum frame size).
+    /// The largest frame payload (the maximum frame size) every peer takes.
     public static let maxFramePayload = 16384
+    /// The largest `DATA` or `MESSAGE` payload this implementation takes from a peer that asks
+    /// for large frames too (the hello's field 4, ``Hello/maxFramePayload``), and sends to such
+    /// a peer over a transport that carries them well (TCP). 60 KiB: with its header and a tag
+    /// it fits one record. Every other frame stays within ``maxFramePayload``.
+    public static let largeFramePayload = 61440
     /// The size of the authentication tag at the end of an encrypted record.
     public static let tagLength = 16
     /// The largest reliable message, reassembled from its chunks.
