@@ -200,8 +200,14 @@ extension PeerSession {
             case .dial(let peer, let endpoints):
                 guard core.phase.acceptsInput else { continue }
                 var all = endpoints
-                for endpoint in core.discovered[peer.fingerprint] ?? [] where !all.contains(endpoint) {
-                    all.append(endpoint)
+                // A dial to a peer with a link already is an upgrade, to the better transports
+                // the machine names: any other endpoint that answered would only duplicate the
+                // link it has (and one whose dials failed lately would be tried first, so a
+                // pair that failed over stayed off the LAN until the failures were forgotten).
+                if core.machine.links(to: peer).isEmpty {
+                    for endpoint in core.discovered[peer.fingerprint] ?? [] where !all.contains(endpoint) {
+                        all.append(endpoint)
+                    }
                 }
                 let targets = core.failedEndpoints.ordered(all, at: time.now())
                 core.outbox.add { self.spawn { await self.dial(peer, endpoints: targets) } }

@@ -21,7 +21,7 @@ struct ContinuityRuntimeTests {
     /// elsewhere); `identity` is new unless given (a restarted run keeps its own).
     static func node(
         _ name: String, network: MemoryNetwork, log: TestLog, reconnectGrace: Duration = .seconds(30), identity: Identity = .generate(),
-        listening: String? = nil
+        listening: String? = nil, tcpDialer: any Transport = TCPTransport()
     ) throws -> Node {
         let configuration = PeerSessionConfiguration(
             identity: identity, displayName: try DisplayName(name), serviceType: SessionNode.chat, encryption: .required,
@@ -29,7 +29,7 @@ struct ContinuityRuntimeTests {
         let memory = try network.listen(name: listening ?? name)
         let tcp = try TCPTransportListener(host: "127.0.0.1")
         let session = PeerSession(
-            configuration: configuration, transports: [network.transport, TCPTransport()], listeners: [memory, tcp],
+            configuration: configuration, transports: [network.transport, tcpDialer], listeners: [memory, tcp],
             logger: log.logger)
         return Node(node: SessionNode(session: session, listener: memory), tcp: tcp)
     }
@@ -157,6 +157,67 @@ struct ContinuityRuntimeTests {
             #expect(texts == (1...count).map { "m\($0)" })
             #expect(!ana.node.log.events.contains { if case .peerStateChanged(_, .notConnected, _) = $0 { true } else { false } })
             #expect(!bo.node.log.events.contains { if case .peerStateChanged(_, .notConnected, _) = $0 { true } else { false } })
+        }
+    }
+
+    /// TCP dials that fail while `down` is set, as over a LAN that is gone: nothing answers.
+    struct SwitchableTCP: Transport {
+        let down = Locked(false)
+        var name: String { "tcp" }
+        var kinds: Set<TransportKind> { [.tcp] }
+        func dial(_ endpoint: Endpoint, timeout: Duration) async throws -> any LinkChannel {
+            if down.withLock({ $0 }) { throw PeerLinkError(.unavailable, "\(endpoint) is not reachable (the test's LAN is down)") }
+            return try await TCPTransport().dial(endpoint, timeout: timeout)
+        }
+    }
+
+    @Test(
+        "a pair that failed over from TCP, whose TCP dials failed meanwhile, moves back to TCP as soon as TCP is found working again"
+    )
+    func backToTCPAfterItsDialsFailed() async throws {
+        let network = MemoryNetwork()
+        let log = TestLog()
+        let anaTCP = SwitchableTCP()
+        let boTCP = SwitchableTCP()
+        let ana = try Self.node("ana", network: network, log: log, tcpDialer: anaTCP)
+        let bo = try Self.node("bo", network: network, log: log, tcpDialer: boTCP)
+        defer {
+            ana.tcp.close()
+            bo.tcp.close()
+        }
+        try await withRunning([ana.node, bo.node]) {
+            try await Self.meet(ana, bo)
+            Self.update(ana, bo, at: bo.allEndpoints)
+            Self.update(bo, ana, at: ana.allEndpoints)
+            try await ana.node.log.wait("Ana: Bo on TCP", within: .seconds(30)) { Self.transportChanges($0, about: bo.node.peer).contains("tcp") }
+
+            // The LAN goes: TCP dials fail (and are remembered as failed), the link is cut; the
+            // pair fails over to the memory transport.
+            anaTCP.down.withLock { $0 = true }
+            boTCP.down.withLock { $0 = true }
+            let link = try #require(ana.node.session.channel(for: bo.node.peer)?.activeLink)
+            link.channel.close()
+            try await ana.node.log.wait("Ana: Bo back on memory", within: .seconds(15)) {
+                Self.transportChanges($0, about: bo.node.peer).last == "memory"
+            }
+            try await bo.node.log.wait("Bo: Ana back on memory", within: .seconds(15)) {
+                Self.transportChanges($0, about: ana.node.peer).last == "memory"
+            }
+            let dialsFailed = log.all.filter { $0.message == "dial failed" && $0.metadata["transport"] == "tcp" }.count
+            #expect(dialsFailed > 0, "the failover dialled TCP first, and it failed")
+
+            // The LAN is back and discovery says so: the pair is on TCP again within seconds,
+            // not once the failed dials are forgotten (5 minutes).
+            anaTCP.down.withLock { $0 = false }
+            boTCP.down.withLock { $0 = false }
+            let backAt = ContinuousClock.now
+            Self.update(ana, bo, at: bo.allEndpoints)
+            Self.update(bo, ana, at: ana.allEndpoints)
+            try await ana.node.log.wait("Ana: Bo on TCP again", within: .seconds(20)) {
+                Self.transportChanges($0, about: bo.node.peer).last == "tcp"
+            }
+            #expect(ContinuousClock.now - backAt < .seconds(15), "back on TCP \(ContinuousClock.now - backAt) after it was found again")
+            #expect(await ana.node.session.info(for: bo.node.peer)?.transport == "tcp")
         }
     }
 
