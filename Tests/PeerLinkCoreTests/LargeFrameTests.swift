@@ -51,6 +51,8 @@ struct LargeFrameTests {
         #expect(limit(61440, 61440) == 61440)
         #expect(limit(61440, 20000) == 20000)
         #expect(limit(20000, 1 << 20) == 20000)
+        // never more than one record carries
+        #expect(limit(1 << 20, 1 << 20) == 65499)
     }
 
     // MARK: - On a link

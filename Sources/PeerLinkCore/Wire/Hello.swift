@@ -83,11 +83,14 @@ public struct Hello: Hashable, Sendable {
     }
 
     /// The largest `DATA` or `MESSAGE` payload on a link between a side that said `local` and
-    /// one that said `remote`: the smaller of the two when both take large frames, else
+    /// one that said `remote`: the smaller of the two when both take large frames (at most what
+    /// one record carries beside a sequenced header and a tag, 65499), else
     /// ``WireFormat/maxFramePayload``. The same in both directions and on both sides.
     public static func framePayloadLimit(_ local: Hello, _ remote: Hello) -> Int {
         guard let mine = local.maxFramePayload, let theirs = remote.maxFramePayload else { return WireFormat.maxFramePayload }
-        return max(WireFormat.maxFramePayload, min(mine, theirs))
+        let inOneRecord =
+            WireFormat.maxRecordLength(encrypted: true) - WireFormat.tagLength - WireFormat.frameHeaderLength - FrameHeader.sequenceLength
+        return max(WireFormat.maxFramePayload, min(mine, theirs, inOneRecord))
     }
 
     public func encoded() -> [UInt8] {
