@@ -164,12 +164,12 @@ private struct FrameQueue: Sendable {
     /// The first frame, or its first `maxPayload` bytes when it is a longer `DATA` or `MESSAGE`
     /// frame (`cut`: the rest stays first).
     mutating func popFirst(maxPayload: Int) -> (frame: Frame, cut: Bool)? {
-        guard largestPayload > maxPayload else { return popFirst().map { ($0, false) } }
+        let largest = largestPayload
+        guard largest > maxPayload else { return popFirst().map { ($0, false) } }
         guard let frame = popFirst() else { return nil }
         guard let (head, tail) = frame.cut(at: maxPayload) else { return (frame, false) }
         items.prepend(tail)
-        // (the queue may have been emptied by the pop: its largest is the rest now, at least)
-        largestPayload = max(largestPayload, FrameScheduler.size(of: tail) - FrameScheduler.headerSize(of: tail))
+        largestPayload = largest  // still a bound (the pop may have emptied the queue)
         if case .data(_, _, let payload) = tail { dataBytes += payload.count }
         return (head, true)
     }
