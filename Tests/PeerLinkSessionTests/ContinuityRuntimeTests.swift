@@ -160,15 +160,32 @@ struct ContinuityRuntimeTests {
         }
     }
 
-    /// TCP dials that fail while `down` is set, as over a LAN that is gone: nothing answers.
-    struct SwitchableTCP: Transport {
-        let down = Locked(false)
+    /// A LAN the test switches off and on: while it is down, TCP dials fail (nothing answers)
+    /// and every TCP link dialled through it (a pair's TCP links were all dialled by one of
+    /// its two sides) is cut.
+    final class SwitchableTCP: Transport {
+        private let state = Locked((down: false, dialled: [any LinkChannel]()))
         var name: String { "tcp" }
         var kinds: Set<TransportKind> { [.tcp] }
+
         func dial(_ endpoint: Endpoint, timeout: Duration) async throws -> any LinkChannel {
-            if down.withLock({ $0 }) { throw PeerLinkError(.unavailable, "\(endpoint) is not reachable (the test's LAN is down)") }
-            return try await TCPTransport().dial(endpoint, timeout: timeout)
+            if state.withLock({ $0.down }) { throw PeerLinkError(.unavailable, "\(endpoint) is not reachable (the test's LAN is down)") }
+            let channel = try await TCPTransport().dial(endpoint, timeout: timeout)
+            state.withLock { $0.dialled.append(channel) }
+            return channel
         }
+
+        /// The LAN goes: later dials fail, the links dialled so far are cut.
+        func goDown() {
+            let dialled = state.withLock { state in
+                state.down = true
+                defer { state.dialled = [] }
+                return state.dialled
+            }
+            for channel in dialled { channel.close() }
+        }
+
+        func comeBack() { state.withLock { $0.down = false } }
     }
 
     @Test(
@@ -191,25 +208,31 @@ struct ContinuityRuntimeTests {
             Self.update(bo, ana, at: ana.allEndpoints)
             try await ana.node.log.wait("Ana: Bo on TCP", within: .seconds(30)) { Self.transportChanges($0, about: bo.node.peer).contains("tcp") }
 
-            // The LAN goes: TCP dials fail (and are remembered as failed), the link is cut; the
-            // pair fails over to the memory transport.
-            anaTCP.down.withLock { $0 = true }
-            boTCP.down.withLock { $0 = true }
-            let link = try #require(ana.node.session.channel(for: bo.node.peer)?.activeLink)
-            link.channel.close()
+            // The LAN goes: TCP dials fail (and are remembered as failed), every TCP link is cut
+            // (both sides may have dialled one); the pair fails over to the memory transport.
+            anaTCP.goDown()
+            boTCP.goDown()
             try await ana.node.log.wait("Ana: Bo back on memory", within: .seconds(15)) {
                 Self.transportChanges($0, about: bo.node.peer).last == "memory"
             }
             try await bo.node.log.wait("Bo: Ana back on memory", within: .seconds(15)) {
                 Self.transportChanges($0, about: ana.node.peer).last == "memory"
             }
-            let dialsFailed = log.all.filter { $0.message == "dial failed" && $0.metadata["transport"] == "tcp" }.count
-            #expect(dialsFailed > 0, "the failover dialled TCP first, and it failed")
+            // Each side tries TCP again while it is down (a redial, or an upgrade to the
+            // endpoints it still knows), and remembers that it failed.
+            let failedTowards = { (name: String) in
+                log.all.contains { $0.message == "dial failed" && $0.metadata["transport"] == "tcp" && $0.metadata["peer.name"] == "\(name)" }
+            }
+            let outage = ContinuousClock.now + .seconds(20)
+            while !(failedTowards("bo") && failedTowards("ana")), ContinuousClock.now < outage {
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            #expect(failedTowards("bo") && failedTowards("ana"), "both sides dialled TCP while it was down, and failed")
 
             // The LAN is back and discovery says so: the pair is on TCP again within seconds,
             // not once the failed dials are forgotten (5 minutes).
-            anaTCP.down.withLock { $0 = false }
-            boTCP.down.withLock { $0 = false }
+            anaTCP.comeBack()
+            boTCP.comeBack()
             let backAt = ContinuousClock.now
             Self.update(ana, bo, at: bo.allEndpoints)
             Self.update(bo, ana, at: ana.allEndpoints)
