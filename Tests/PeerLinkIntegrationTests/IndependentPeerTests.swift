@@ -324,11 +324,14 @@ struct IndependentPeerTests {
             "--name", "Anchor", "--service", service, "--auto", "--reply", "--max-time", String(seconds),
         ])
         do {
-            let port = try freePort()
+            // any free port, read back from chat (a port picked beforehand and released may be
+            // taken by another process before chat binds it)
             let chat = try ChildProcess.peerlink(
-                ["chat", "--name", "Swift", "--service", service, "--transport", "lan", "--port", String(port), "--connect", "tcp://127.0.0.1:\(anchorPort)"],
+                ["chat", "--name", "Swift", "--service", service, "--transport", "lan", "--connect", "tcp://127.0.0.1:\(anchorPort)"],
                 withInput: true)
             do {
+                let listening = try await chat.waitForStderrLine(containing: "Listening on tcp://", timeout: .seconds(30))
+                let port = try #require(Int(String((listening.split(separator: ":").last ?? "").prefix { $0.isNumber })), "\(listening)")
                 _ = try await chat.waitForLine(containing: "* Anchor joined", timeout: .seconds(20))
                 return (anchor, chat, port)
             } catch {
