@@ -139,6 +139,54 @@ struct SessionLivenessTests {
         #expect(net.connected(1) == [0, 2])
     }
 
+    /// A member whose link fails while an upgrade dial to it is out (a better transport was
+    /// found): that dial tries the better transport only, so when it fails — even refused, the
+    /// better transport's listener gone — the member is dialled at once on every transport it
+    /// has, and stays in the session.
+    @Test(arguments: [false, true])
+    func aLinkLostDuringAnUpgradeDialIsRedialledEverywhere(refused: Bool) throws {
+        let policy = SessionPolicy(reconnectGrace: .seconds(30), redialInterval: .seconds(2))
+        var net = try SessionNet(["alice", "bob"], policy: policy)
+        let slow = Endpoint.unranked("bob")
+        let lan = Endpoint.tcp(host: "127.0.0.1", port: 4100)
+        net.apply(0, net.nodes[0].machine.peerFound(net.peer(1), endpoints: [slow], at: net.now))
+        _ = try net.invite(0, 1)
+        try SessionMeshTests.runAcceptingEverything(&net)
+        try #require(net.connected(0) == [1] && net.connected(1) == [0])
+
+        // alice finds bob on the LAN too and dials it (an upgrade); the dial is still out...
+        net.apply(0, net.nodes[0].machine.peerUpdated(net.peer(1), endpoints: [lan, slow], at: net.now))
+        net.now += policy.automaticFallback + .seconds(1)
+        let actions = net.nodes[0].machine.tick(at: net.now)
+        let upgrade = actions.compactMap { action -> [Endpoint]? in
+            if case .dial(let peer, let endpoints) = action, peer == net.peer(1) { return endpoints }
+            return nil
+        }
+        try #require(upgrade == [[lan]], "\(actions)")
+        net.apply(0, actions.filter { if case .dial = $0 { false } else { true } })
+
+        // ...when their link fails; bob cannot dial back
+        net.failingDials = [[1, 0]]
+        net.breakLinks(between: 0, and: 1)
+        net.run()
+        #expect(net.connected(0) == [1], "a member in its grace")
+        #expect(net.nodes[0].machine.isReconnecting(net.peer(1)))
+
+        // the upgrade dial fails: bob is dialled again on every transport, and comes back
+        let redial = net.nodes[0].machine.dialFailed(net.peer(1), reason: "the LAN is down", refused: refused, at: net.now)
+        let redialled = redial.compactMap { action -> [Endpoint]? in
+            if case .dial(let peer, let endpoints) = action, peer == net.peer(1) { return endpoints }
+            return nil
+        }
+        #expect(redialled == [[lan, slow]], "\(redial)")
+        net.apply(0, redial)
+        net.run()
+        #expect(net.liveLinks(between: 0, and: 1) == 1)
+        #expect(net.connected(0) == [1] && net.connected(1) == [0])
+        #expect(net.notConnectedEvents(0) == 0 && net.notConnectedEvents(1) == 0, "\(String(describing: Self.reason(net, 0, about: 1)))")
+        #expect(!net.nodes[0].machine.isReconnecting(net.peer(1)))
+    }
+
     /// The app invites a peer whose previous run left: the link of the new run names another
     /// incarnation, and the invitation goes on with that run (it never went to the old one).
     @Test(arguments: [1, 2, 3] as [UInt64])

@@ -78,6 +78,14 @@ struct ContinuityRuntimeTests {
         }
     }
 
+    /// Each peer seen leaving in `events`, with why.
+    static func leaves(_ events: [PeerSessionEvent]) -> [String] {
+        events.compactMap { event in
+            if case .peerStateChanged(let peer, .notConnected, let reason) = event { return "\(peer): \(reason ?? "no reason")" }
+            return nil
+        }
+    }
+
     @Test(
         "a pair on a slower transport moves to TCP once it finds it (upgrade), then back when TCP fails (failover): every message once, in order; a stream goes on; nobody leaves"
     )
@@ -155,8 +163,8 @@ struct ContinuityRuntimeTests {
             try await bo.node.log.wait("all messages at Bo", within: .seconds(20)) { $0.messages(from: ana.node.peer).count >= count }
             let texts = bo.node.log.events.messages(from: ana.node.peer).map { String(decoding: $0, as: UTF8.self) }
             #expect(texts == (1...count).map { "m\($0)" })
-            #expect(!ana.node.log.events.contains { if case .peerStateChanged(_, .notConnected, _) = $0 { true } else { false } })
-            #expect(!bo.node.log.events.contains { if case .peerStateChanged(_, .notConnected, _) = $0 { true } else { false } })
+            #expect(Self.leaves(ana.node.log.events).isEmpty, "\(Self.leaves(ana.node.log.events))\n\(log.transcript(last: 200))")
+            #expect(Self.leaves(bo.node.log.events).isEmpty, "\(Self.leaves(bo.node.log.events))\n\(log.transcript(last: 200))")
         }
     }
 
@@ -304,8 +312,8 @@ struct ContinuityRuntimeTests {
             try await bo.node.log.wait("every line at Bo", within: .seconds(10)) { $0.messages(from: ana.node.peer).count >= 6 }
             let texts = bo.node.log.events.messages(from: ana.node.peer).map { String(decoding: $0, as: UTF8.self) }
             #expect(texts == ["before"] + (1...5).map { "during \($0)" })
-            #expect(!ana.node.log.events.contains { if case .peerStateChanged(_, .notConnected, _) = $0 { true } else { false } })
-            #expect(!bo.node.log.events.contains { if case .peerStateChanged(_, .notConnected, _) = $0 { true } else { false } })
+            #expect(Self.leaves(ana.node.log.events).isEmpty, "\(Self.leaves(ana.node.log.events))\n\(log.transcript(last: 200))")
+            #expect(Self.leaves(bo.node.log.events).isEmpty, "\(Self.leaves(bo.node.log.events))\n\(log.transcript(last: 200))")
         }
     }
 

@@ -14,6 +14,9 @@ struct PeerRecord: Sendable {
     var endpointsReached = false
     /// A `.dial` is out and not answered yet.
     var dialing = false
+    /// The dial out is an upgrade: it tries only the transports ranked above the link the
+    /// peer had, so its failure says nothing about the others.
+    var dialingUpgrade = false
     /// Established links to the peer, oldest first.
     var links: [LinkID] = []
     /// The link queued frames go out on (see ``SessionStateMachine`` on duplicate links).

@@ -273,12 +273,20 @@ extension SessionStateMachine {
             peers[linkRecord.peer] = record
             return
         }
+        let waitedFor = record.isMember && policy.reconnectGrace > .zero && (lost || Self.isRecoverable(code))
+        if record.dialing, code != .duplicateLink, waitedFor {
+            // The member's last link failed while a dial to it is out (an upgrade, say): its
+            // grace starts now, and that dial's end decides what comes next (``dialFailed``).
+            if record.reconnectDeadline == nil { record.reconnectDeadline = now + policy.reconnectGrace }
+            peers[linkRecord.peer] = record
+            return
+        }
         if code == .duplicateLink || record.dialing {
             if record.replacementDeadline == nil { record.replacementDeadline = now + policy.replacementGrace }
             peers[linkRecord.peer] = record
             return
         }
-        if record.isMember, policy.reconnectGrace > .zero, lost || Self.isRecoverable(code) {
+        if waitedFor {
             // The member stays; its frames wait (and are kept) for the next link, whichever
             // transport brings it. Both sides dial; the duplicate tie-break keeps one link.
             if record.reconnectDeadline == nil { record.reconnectDeadline = now + policy.reconnectGrace }

@@ -476,6 +476,7 @@ public struct SessionStateMachine: Sendable {
             var record = peers[fingerprint]!
             record.isMember = false
             record.dialing = false
+            record.dialingUpgrade = false
             record.links = []
             record.sendLink = nil
             record.signalled = false
@@ -597,6 +598,7 @@ public struct SessionStateMachine: Sendable {
         }
         if dialedLocally {
             record.dialing = false
+            record.dialingUpgrade = false
             record.endpointsReached = true
         }
         record.links.append(link)
@@ -626,7 +628,16 @@ public struct SessionStateMachine: Sendable {
         advance(to: time)
         if var record = peers[peer.fingerprint], record.dialing {
             record.dialing = false
-            if refused, record.reconnectDeadline != nil, record.links.isEmpty, record.endpointsAreCurrent {
+            let wasUpgrade = record.dialingUpgrade
+            record.dialingUpgrade = false
+            if wasUpgrade, record.reconnectDeadline != nil, record.links.isEmpty {
+                // The link failed while an upgrade was dialled, on the better transports only:
+                // the member is dialled at once on every transport it has.
+                record.dialing = true
+                record.redialAt = nil
+                peers[peer.fingerprint] = record
+                emit(.dial(record.id, endpoints: rankedEndpoints(record)))
+            } else if refused, record.reconnectDeadline != nil, record.links.isEmpty, record.endpointsAreCurrent {
                 record.reconnectDeadline = nil
                 record.redialAt = nil
                 peers[peer.fingerprint] = record
@@ -955,6 +966,7 @@ public struct SessionStateMachine: Sendable {
                 record.upgradeSeenAt = nil
                 record.redialAt = now + policy.redialInterval
                 record.dialing = true
+                record.dialingUpgrade = true
                 peers[fingerprint] = record
                 emit(.dial(record.id, endpoints: betterEndpoints(record)))
             }
