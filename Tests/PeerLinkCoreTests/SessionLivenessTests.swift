@@ -187,6 +187,44 @@ struct SessionLivenessTests {
         #expect(!net.nodes[0].machine.isReconnecting(net.peer(1)))
     }
 
+    /// A member whose last link the peer closed as a duplicate (the peer kept another one, still
+    /// in its handshake on this side) while an upgrade dial to it is out: when that dial fails,
+    /// the member still waits for the kept link, which arrives and carries the pair on.
+    @Test func aDuplicateCloseDuringAFailedUpgradeDialWaitsForTheKeptLink() throws {
+        let policy = SessionPolicy(reconnectGrace: .seconds(30), redialInterval: .seconds(2))
+        var net = try SessionNet(["alice", "bob"], policy: policy)
+        let slow = Endpoint.unranked("bob")
+        let lan = Endpoint.tcp(host: "127.0.0.1", port: 4100)
+        net.apply(0, net.nodes[0].machine.peerFound(net.peer(1), endpoints: [slow], at: net.now))
+        _ = try net.invite(0, 1)
+        try SessionMeshTests.runAcceptingEverything(&net)
+        try #require(net.connected(0) == [1] && net.connected(1) == [0])
+
+        // alice dials bob on the LAN (an upgrade) and the dial is still out...
+        net.apply(0, net.nodes[0].machine.peerUpdated(net.peer(1), endpoints: [lan, slow], at: net.now))
+        net.now += policy.automaticFallback + .seconds(1)
+        let actions = net.nodes[0].machine.tick(at: net.now)
+        try #require(actions.contains { if case .dial = $0 { true } else { false } }, "\(actions)")
+        net.apply(0, actions.filter { if case .dial = $0 { false } else { true } })
+
+        // ...when their link is closed as a duplicate (bob kept another one), and the upgrade
+        // dial fails (its handshake cut short)
+        net.breakLinks(between: 0, and: 1, code: .duplicateLink)
+        net.run()
+        net.apply(0, net.nodes[0].machine.dialFailed(net.peer(1), reason: "handshake cut short", at: net.now))
+        #expect(net.connected(0) == [1], "\(String(describing: Self.reason(net, 0, about: 1)))")
+
+        // the kept link arrives
+        net.openLink(from: 1, to: 0)
+        net.run()
+        #expect(net.liveLinks(between: 0, and: 1) == 1)
+        #expect(net.connected(0) == [1] && net.connected(1) == [0])
+        #expect(net.notConnectedEvents(0) == 0 && net.notConnectedEvents(1) == 0, "\(String(describing: Self.reason(net, 0, about: 1)))")
+        try net.send(0, [1, 2, 3], to: [1])
+        net.run()
+        #expect(net.received(1).last?.data == [1, 2, 3])
+    }
+
     /// The app invites a peer whose previous run left: the link of the new run names another
     /// incarnation, and the invitation goes on with that run (it never went to the old one).
     @Test(arguments: [1, 2, 3] as [UInt64])

@@ -646,6 +646,10 @@ public struct SessionStateMachine: Sendable {
                 // reconnecting or upgrading: try again later, the grace decides
                 record.redialAt = now + policy.redialInterval
                 peers[peer.fingerprint] = record
+            } else if record.replacementDeadline != nil {
+                // its last link was closed as a duplicate: the link the peer kept is on its way,
+                // and the replacement grace decides
+                peers[peer.fingerprint] = record
             } else {
                 peers[peer.fingerprint] = record
                 lose(peer.fingerprint, reason: "could not reach \(peer): \(reason)")
