@@ -230,6 +230,7 @@ extension SessionStateMachine {
         record.pendingJoin = nil
         record.expectingRoster = false
         record.replacementDeadline = nil
+        record.keptLinkAwaited = false
         record.reconnectDeadline = nil
         record.redialAt = nil
         record.upgradeSeenAt = nil
@@ -283,6 +284,7 @@ extension SessionStateMachine {
         }
         if code == .duplicateLink || record.dialing {
             if record.replacementDeadline == nil { record.replacementDeadline = now + policy.replacementGrace }
+            if code == .duplicateLink { record.keptLinkAwaited = true }
             peers[linkRecord.peer] = record
             return
         }

@@ -482,6 +482,7 @@ public struct SessionStateMachine: Sendable {
             record.signalled = false
             record.outbox.removeAll()
             record.replacementDeadline = nil
+            record.keptLinkAwaited = false
             record.joiningDeadline = nil
             record.announcedDeadline = nil
             record.pendingJoin = nil
@@ -603,6 +604,7 @@ public struct SessionStateMachine: Sendable {
         }
         record.links.append(link)
         record.replacementDeadline = nil
+        record.keptLinkAwaited = false
         record.reconnectDeadline = nil
         record.redialAt = nil
         peers[peer.fingerprint] = record
@@ -646,7 +648,7 @@ public struct SessionStateMachine: Sendable {
                 // reconnecting or upgrading: try again later, the grace decides
                 record.redialAt = now + policy.redialInterval
                 peers[peer.fingerprint] = record
-            } else if record.replacementDeadline != nil {
+            } else if record.replacementDeadline != nil, record.keptLinkAwaited {
                 // its last link was closed as a duplicate: the link the peer kept is on its way,
                 // and the replacement grace decides
                 peers[peer.fingerprint] = record
@@ -928,6 +930,7 @@ public struct SessionStateMachine: Sendable {
             guard var record = peers[fingerprint] else { continue }
             if let deadline = record.replacementDeadline, now >= deadline, record.links.isEmpty {
                 record.replacementDeadline = nil
+                record.keptLinkAwaited = false
                 peers[fingerprint] = record
                 lose(fingerprint, reason: "its link was closed as a duplicate and no other link came")
                 record = peers[fingerprint]!
