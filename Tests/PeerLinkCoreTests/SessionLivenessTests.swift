@@ -139,12 +139,18 @@ struct SessionLivenessTests {
         #expect(net.connected(1) == [0, 2])
     }
 
-    /// A member whose link fails while an upgrade dial to it is out (a better transport was
-    /// found): that dial tries the better transport only, so when it fails — even refused, the
-    /// better transport's listener gone — the member is dialled at once on every transport it
-    /// has, and stays in the session.
-    @Test(arguments: [false, true])
-    func aLinkLostDuringAnUpgradeDialIsRedialledEverywhere(refused: Bool) throws {
+    /// The endpoints of each dial to `peer` among `actions`.
+    static func dials(in actions: [SessionAction], to peer: PeerID) -> [[Endpoint]] {
+        actions.compactMap { action in
+            if case .dial(peer, let endpoints) = action { return endpoints }
+            return nil
+        }
+    }
+
+    /// alice and bob, members of one session over a slow transport (`slow`, bob's endpoint);
+    /// alice then finds bob on the LAN too (`lan`) and dials him there (an upgrade), and that
+    /// dial is still out: the test answers it.
+    static func pairWithAnUpgradeDialOut() throws -> (net: SessionNet, lan: Endpoint, slow: Endpoint) {
         let policy = SessionPolicy(reconnectGrace: .seconds(30), redialInterval: .seconds(2))
         var net = try SessionNet(["alice", "bob"], policy: policy)
         let slow = Endpoint.unranked("bob")
@@ -154,16 +160,22 @@ struct SessionLivenessTests {
         try SessionMeshTests.runAcceptingEverything(&net)
         try #require(net.connected(0) == [1] && net.connected(1) == [0])
 
-        // alice finds bob on the LAN too and dials it (an upgrade); the dial is still out...
         net.apply(0, net.nodes[0].machine.peerUpdated(net.peer(1), endpoints: [lan, slow], at: net.now))
         net.now += policy.automaticFallback + .seconds(1)
         let actions = net.nodes[0].machine.tick(at: net.now)
-        let upgrade = actions.compactMap { action -> [Endpoint]? in
-            if case .dial(let peer, let endpoints) = action, peer == net.peer(1) { return endpoints }
-            return nil
-        }
-        try #require(upgrade == [[lan]], "\(actions)")
+        try #require(dials(in: actions, to: net.peer(1)) == [[lan]], "\(actions)")
         net.apply(0, actions.filter { if case .dial = $0 { false } else { true } })
+        return (net, lan, slow)
+    }
+
+    /// A member whose link fails while an upgrade dial to it is out (a better transport was
+    /// found): that dial tries the better transport only, so when it fails — even refused, the
+    /// better transport's listener gone — the member is dialled at once on every transport it
+    /// has, and stays in the session.
+    @Test(arguments: [false, true])
+    func aLinkLostDuringAnUpgradeDialIsRedialledEverywhere(refused: Bool) throws {
+        // alice's upgrade dial to bob is out...
+        var (net, lan, slow) = try Self.pairWithAnUpgradeDialOut()
 
         // ...when their link fails; bob cannot dial back
         net.failingDials = [[1, 0]]
@@ -174,11 +186,7 @@ struct SessionLivenessTests {
 
         // the upgrade dial fails: bob is dialled again on every transport, and comes back
         let redial = net.nodes[0].machine.dialFailed(net.peer(1), reason: "the LAN is down", refused: refused, at: net.now)
-        let redialled = redial.compactMap { action -> [Endpoint]? in
-            if case .dial(let peer, let endpoints) = action, peer == net.peer(1) { return endpoints }
-            return nil
-        }
-        #expect(redialled == [[lan, slow]], "\(redial)")
+        #expect(Self.dials(in: redial, to: net.peer(1)) == [[lan, slow]], "\(redial)")
         net.apply(0, redial)
         net.run()
         #expect(net.liveLinks(between: 0, and: 1) == 1)
@@ -191,21 +199,8 @@ struct SessionLivenessTests {
     /// in its handshake on this side) while an upgrade dial to it is out: when that dial fails,
     /// the member still waits for the kept link, which arrives and carries the pair on.
     @Test func aDuplicateCloseDuringAFailedUpgradeDialWaitsForTheKeptLink() throws {
-        let policy = SessionPolicy(reconnectGrace: .seconds(30), redialInterval: .seconds(2))
-        var net = try SessionNet(["alice", "bob"], policy: policy)
-        let slow = Endpoint.unranked("bob")
-        let lan = Endpoint.tcp(host: "127.0.0.1", port: 4100)
-        net.apply(0, net.nodes[0].machine.peerFound(net.peer(1), endpoints: [slow], at: net.now))
-        _ = try net.invite(0, 1)
-        try SessionMeshTests.runAcceptingEverything(&net)
-        try #require(net.connected(0) == [1] && net.connected(1) == [0])
-
-        // alice dials bob on the LAN (an upgrade) and the dial is still out...
-        net.apply(0, net.nodes[0].machine.peerUpdated(net.peer(1), endpoints: [lan, slow], at: net.now))
-        net.now += policy.automaticFallback + .seconds(1)
-        let actions = net.nodes[0].machine.tick(at: net.now)
-        try #require(actions.contains { if case .dial = $0 { true } else { false } }, "\(actions)")
-        net.apply(0, actions.filter { if case .dial = $0 { false } else { true } })
+        // alice's upgrade dial to bob is out...
+        var (net, _, _) = try Self.pairWithAnUpgradeDialOut()
 
         // ...when their link is closed as a duplicate (bob kept another one), and the upgrade
         // dial fails (its handshake cut short)

@@ -28,6 +28,7 @@ struct PeerRecord: Sendable {
     var replacementDeadline: Duration?
     /// The replacement awaited is the link the peer kept when it closed this one as a duplicate
     /// (not only the local dial under way): a failed dial of the local side does not end it.
+    /// Set and cleared with ``replacementDeadline``.
     var keptLinkAwaited = false
     /// The local peer is joining this member (it was in the roster of the local peer's inviter)
     /// and waits for its `JOIN` until then.

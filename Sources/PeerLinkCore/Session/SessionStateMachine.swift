@@ -648,7 +648,7 @@ public struct SessionStateMachine: Sendable {
                 // reconnecting or upgrading: try again later, the grace decides
                 record.redialAt = now + policy.redialInterval
                 peers[peer.fingerprint] = record
-            } else if record.replacementDeadline != nil, record.keptLinkAwaited {
+            } else if record.keptLinkAwaited {
                 // its last link was closed as a duplicate: the link the peer kept is on its way,
                 // and the replacement grace decides
                 peers[peer.fingerprint] = record
