@@ -179,7 +179,15 @@ struct ContinuityRuntimeTests {
         func dial(_ endpoint: Endpoint, timeout: Duration) async throws -> any LinkChannel {
             if state.withLock({ $0.down }) { throw PeerLinkError(.unavailable, "\(endpoint) is not reachable (the test's LAN is down)") }
             let channel = try await TCPTransport().dial(endpoint, timeout: timeout)
-            state.withLock { $0.dialled.append(channel) }
+            // a dial under way when the LAN went is cut too
+            let cut = state.withLock { state in
+                if !state.down { state.dialled.append(channel) }
+                return state.down
+            }
+            if cut {
+                channel.close()
+                throw PeerLinkError(.unavailable, "\(endpoint) is not reachable (the test's LAN went down during the dial)")
+            }
             return channel
         }
 
