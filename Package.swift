@@ -110,7 +110,7 @@ let package = Package(
             name: "peerlink-bench",
             dependencies: [
                 "PeerLink", "CBlueZ", .product(name: "ArgumentParser", package: "swift-argument-parser"),
-                .product(name: "Crypto", package: "swift-crypto"), .product(name: "Logging", package: "swift-log"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
         ),

@@ -414,7 +414,7 @@ struct NoisePrimitiveTests {
         var output: [UInt8] = []
         output.reserveCapacity(4096)
         let storage = output.withUnsafeBufferPointer { UInt(bitPattern: $0.baseAddress) }
-        for size in [0, 1, 100, 2000] {
+        for size in [0, 1, 100, 2000, 50, 3000, 3000] {
             let plaintext = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7) }
             let sealed = try sender.encryptWithAd([5], plaintext: plaintext)
             try receiver.decryptWithAd([5], ciphertext: sealed[...], into: &output)
@@ -425,13 +425,52 @@ struct NoisePrimitiveTests {
         let sealed = try sender.encryptWithAd([9], plaintext: [1, 2, 3])
         #expect(throws: NoiseError.decryptionFailed) { try receiver.decryptWithAd([8], ciphertext: sealed[...], into: &output) }
         #expect(output.isEmpty)
-        #expect(receiver.nonce == 4)
+        #expect(receiver.nonce == 7)
         try receiver.decryptWithAd([9], ciphertext: sealed[...], into: &output)
         #expect(output == [1, 2, 3])
-        #expect(receiver.nonce == 5)
+        #expect(receiver.nonce == 8)
         var keyless = NoiseCipherState()
         try keyless.decryptWithAd([], ciphertext: [4, 5][...], into: &output)
         #expect(output == [4, 5])
+    }
+
+    /// Sealing in place gives swift-crypto's `ChaChaPoly.seal` bytes for every size up to the
+    /// largest record, leaves what precedes the plaintext alone, and opens again.
+    @Test(arguments: [0, 1, 63, 64, 65, 1000, 16384, 61460, NoiseTransport.maxPlaintextLength])
+    func sealingInPlace(size: Int) throws {
+        var sender = try NoiseCipherState(key: Self.key)
+        sender.setNonce(0x0102_0304)
+        var receiver = try NoiseCipherState(key: Self.key)
+        receiver.setNonce(0x0102_0304)
+        let ad = Array("record".utf8)
+        let prefix: [UInt8] = [0xAA, 0xBB, 0xCC]
+        let plaintext = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 5) }
+        var buffer = prefix + plaintext
+        try sender.encryptWithAd(ad, inPlace: &buffer, from: prefix.count)
+        let nonce = try ChaChaPoly.Nonce(data: [0, 0, 0, 0, 4, 3, 2, 1, 0, 0, 0, 0])
+        let box = try ChaChaPoly.seal(plaintext, using: SymmetricKey(data: Self.key), nonce: nonce, authenticating: ad)
+        #expect(buffer == prefix + Array(box.ciphertext) + Array(box.tag))
+        #expect(sender.nonce == 0x0102_0305)
+        #expect(try receiver.decryptWithAd(ad, ciphertext: buffer[prefix.count...]) == plaintext)
+    }
+
+    /// A record's frames sealed where they lie through the transport: past the limit nothing is
+    /// sealed, the buffer is cut back to where they started and the nonce does not move.
+    @Test func transportSealsInPlaceWithinTheLimit() throws {
+        let sending = try NoiseCipherState(key: Self.key)
+        var transport = try NoiseTransport(sending: sending, receiving: try NoiseCipherState(key: Self.key), handshakeHash: [])
+        var buffer: [UInt8] = [1, 2] + [UInt8](repeating: 7, count: NoiseTransport.maxPlaintextLength + 1)
+        #expect(throws: NoiseError.messageTooLong(length: NoiseTransport.maxPlaintextLength + 1, limit: NoiseTransport.maxPlaintextLength)) {
+            try transport.seal(inPlace: &buffer, from: 2)
+        }
+        #expect(buffer == [1, 2])
+        #expect(transport.sendCipher.nonce == 0)
+        buffer += [9, 9, 9]
+        try transport.seal(inPlace: &buffer, from: 2)
+        var check = try NoiseCipherState(key: Self.key)
+        #expect(Array(buffer.prefix(2)) == [1, 2])
+        #expect(try check.decryptWithAd([], ciphertext: buffer[2...]) == [9, 9, 9])
+        #expect(transport.sendCipher.nonce == 1)
     }
 
     /// Rekey: k becomes the first 32 bytes of ENCRYPT(k, 2^64-1, empty, 32 zeros); n is kept.

@@ -1,5 +1,4 @@
 import Crypto
-import struct Foundation.Data
 
 /// A Noise CipherState (§5.1): a ChaChaPoly key `k` (possibly empty) and a 64-bit nonce `n`.
 ///
@@ -14,9 +13,6 @@ import struct Foundation.Data
 public struct NoiseCipherState: Sendable {
     /// The reserved nonce value 2^64-1.
     public static let reservedNonce: UInt64 = .max
-    /// The ChaChaPoly nonce's length in bytes: 4 zero bytes, then `n` (8 bytes, little-endian).
-    static let nonceLength = 12
-
     private var key: SymmetricKey?
     /// `n`: the nonce the next encryption or decryption will use.
     public private(set) var nonce: UInt64 = 0
@@ -71,26 +67,27 @@ public struct NoiseCipherState: Sendable {
     /// `EncryptWithAd(ad, plaintext)` that appends the ciphertext and tag (or the plaintext, with
     /// no key yet) to `output`, so a record is built in one buffer.
     public mutating func encryptWithAd(_ ad: [UInt8], plaintext: [UInt8], appendingTo output: inout [UInt8]) throws(NoiseError) {
-        guard let key else {
-            output.append(contentsOf: plaintext)
-            return
-        }
-        guard nonce != Self.reservedNonce else { throw .nonceExhausted }
-        do {
-            let box = try ChaChaPoly.seal(plaintext, using: key, nonce: Self.chachaNonce(nonce), authenticating: ad)
-            // ciphertext and tag in one copy, from the box's one buffer (after its nonce)
-            box.combined.withUnsafeBytes { raw in
-                output.append(contentsOf: UnsafeRawBufferPointer(rebasing: raw[Self.nonceLength...]).bindMemory(to: UInt8.self))
-            }
-        } catch {
-            throw .invalidKeyMaterial("ChaChaPoly encryption failed: \(error)")
-        }
-        nonce += 1
+        let start = output.count
+        output.append(contentsOf: plaintext)
+        try encryptWithAd(ad, inPlace: &output, from: start)
     }
 
-    /// Appends `data` to `output` in one copy.
-    private static func append(_ data: Data, to output: inout [UInt8]) {
-        data.withUnsafeBytes { raw in output.append(contentsOf: raw.bindMemory(to: UInt8.self)) }
+    /// `EncryptWithAd(ad, plaintext)` of `buffer[start...]`, sealed where it lies: the
+    /// ciphertext replaces the plaintext and the tag is appended (with no key yet, nothing
+    /// changes). Frames encoded behind a record's length are sealed without a copy.
+    ///
+    /// - Throws: ``NoiseError/nonceExhausted``, or if the cipher itself fails; `buffer` is cut
+    ///   back to `start` then.
+    public mutating func encryptWithAd(_ ad: [UInt8], inPlace buffer: inout [UInt8], from start: Int) throws(NoiseError) {
+        guard let key else { return }
+        guard nonce != Self.reservedNonce else {
+            buffer.removeSubrange(start...)
+            throw .nonceExhausted
+        }
+        guard ChaChaPolyInPlace.seal(&buffer, from: start, key: key, nonce: nonce, ad: ad) else {
+            throw .invalidKeyMaterial("ChaChaPoly encryption failed")
+        }
+        nonce += 1
     }
 
     /// `DecryptWithAd(ad, ciphertext)`: the plaintext, or the ciphertext itself if there is no
@@ -108,28 +105,23 @@ public struct NoiseCipherState: Sendable {
     }
 
     /// ``decryptWithAd(_:ciphertext:)`` into `output`, which holds only the plaintext afterwards
-    /// (its storage is reused: a link opens every record into one buffer). On failure `n` is not
-    /// advanced and `output` is empty.
+    /// (its storage is reused: a link opens every record into one buffer, and need not empty it
+    /// between records). On failure `n` is not advanced and `output` is empty.
     public mutating func decryptWithAd(_ ad: [UInt8], ciphertext: ArraySlice<UInt8>, into output: inout [UInt8]) throws(NoiseError) {
-        output.removeAll(keepingCapacity: true)
         guard let key else {
+            output.removeAll(keepingCapacity: true)
             output.append(contentsOf: ciphertext)
             return
         }
-        guard nonce != Self.reservedNonce else { throw .nonceExhausted }
+        guard nonce != Self.reservedNonce else {
+            output.removeAll(keepingCapacity: true)
+            throw .nonceExhausted
+        }
         guard ciphertext.count >= NoiseCrypto.tagLength else {
+            output.removeAll(keepingCapacity: true)
             throw .messageTooShort(needed: NoiseCrypto.tagLength, got: ciphertext.count)
         }
-        do {
-            // The box built as one buffer in its combined layout (nonce, ciphertext, tag): one
-            // copy, as before, and no generic slicing of the nonce, ciphertext and tag apart.
-            var combined = Data(capacity: Self.nonceLength + ciphertext.count)
-            withUnsafeBytes(of: UInt32(0)) { combined.append(contentsOf: $0) }
-            withUnsafeBytes(of: nonce.littleEndian) { combined.append(contentsOf: $0) }
-            ciphertext.withUnsafeBytes { combined.append(contentsOf: $0) }
-            let box = try ChaChaPoly.SealedBox(combined: combined)
-            Self.append(try ChaChaPoly.open(box, using: key, authenticating: ad), to: &output)
-        } catch {
+        guard ChaChaPolyInPlace.open(ciphertext, into: &output, key: key, nonce: nonce, ad: ad) else {
             throw .decryptionFailed
         }
         nonce += 1
@@ -144,20 +136,11 @@ public struct NoiseCipherState: Sendable {
     }
 
     private static func encrypt(key: SymmetricKey, nonce: UInt64, ad: [UInt8], plaintext: [UInt8]) throws(NoiseError) -> [UInt8] {
-        do {
-            let box = try ChaChaPoly.seal(plaintext, using: key, nonce: chachaNonce(nonce), authenticating: ad)
-            return Array(box.ciphertext) + Array(box.tag)
-        } catch {
-            // Only reachable if swift-crypto itself fails; report it rather than trap.
-            throw .invalidKeyMaterial("ChaChaPoly encryption failed: \(error)")
+        var sealed = plaintext
+        guard ChaChaPolyInPlace.seal(&sealed, from: 0, key: key, nonce: nonce, ad: ad) else {
+            // Only reachable if the cipher itself fails; report it rather than trap.
+            throw .invalidKeyMaterial("ChaChaPoly encryption failed")
         }
-    }
-
-    private static func chachaNonce(_ n: UInt64) throws -> ChaChaPoly.Nonce {
-        var bytes = [UInt8](repeating: 0, count: nonceLength)
-        for index in 0..<8 {
-            bytes[4 + index] = UInt8(truncatingIfNeeded: n >> (8 * UInt64(index)))
-        }
-        return try ChaChaPoly.Nonce(data: bytes)
+        return sealed
     }
 }

@@ -74,6 +74,20 @@ public struct NoiseTransport: Sendable {
         try sendCipher.encryptWithAd([], plaintext: plaintext, appendingTo: &output)
     }
 
+    /// Encrypts `buffer[start...]` as one message where it lies (empty associated data): the
+    /// ciphertext replaces the plaintext and the tag is appended, so a record's frames are
+    /// sealed where they were encoded.
+    ///
+    /// - Throws: as ``seal(_:)``; `buffer` is cut back to `start` then.
+    public mutating func seal(inPlace buffer: inout [UInt8], from start: Int) throws(NoiseError) {
+        let length = buffer.count - start
+        guard length <= Self.maxPlaintextLength else {
+            buffer.removeSubrange(start...)
+            throw .messageTooLong(length: length, limit: Self.maxPlaintextLength)
+        }
+        try sendCipher.encryptWithAd([], inPlace: &buffer, from: start)
+    }
+
     /// Decrypts the peer's next message.
     ///
     /// - Throws: ``NoiseError/messageTooLong(length:limit:)`` above 65535 bytes;

@@ -133,8 +133,6 @@ public struct LinkStateMachine: Sendable {
     private var output: [LinkOutput] = []
     /// A buffer written out before, kept for the next records (see ``recycle(_:)``).
     private var spareWire: [UInt8] = []
-    /// The plaintext of the record being sealed, kept between calls of ``send(_:at:)``.
-    private var spareScratch: [UInt8] = []
     /// Where a received record is opened, kept between records.
     private var openedScratch: [UInt8] = []
 
@@ -281,8 +279,7 @@ public struct LinkStateMachine: Sendable {
         var remaining = frames.reduce(0) { $0 + FrameScheduler.size(of: $1.frame) }
         // Built in the buffers kept from before (moved, not copied: the builder must hold the
         // only reference for its appends to stay in their storage).
-        var records = RecordBuilder(encrypted: isEncrypted == true, frameBytes: remaining, recordLimit: limit, wire: &spareWire, plaintext: &spareScratch)
-        defer { spareScratch = records.takePlaintext() }
+        var records = RecordBuilder(encrypted: isEncrypted == true, frameBytes: remaining, recordLimit: limit, wire: &spareWire)
         for (frame, sequence) in frames {
             if case .goAway(let code, let reason) = frame {
                 guard sendRecords(&records) else { break }
@@ -299,7 +296,7 @@ public struct LinkStateMachine: Sendable {
             }
             if !large { records.holdsSmallFrame = true }
             do throws(WireError) {
-                try records.append(frame, sequence: sequence, payloadLimit: framePayloadLimit, plaintextCapacity: min(limit, remaining))
+                try records.append(frame, sequence: sequence, payloadLimit: framePayloadLimit)
             } catch {
                 guard sendRecords(&records) else { break }
                 finish(.internalError, "could not encode \(frame): \(error.reason)", byPeer: false)
@@ -612,14 +609,12 @@ public struct LinkStateMachine: Sendable {
                     throw WireError(.internalError, "no transport keys on an encrypted link")
                 }
                 // opened into the buffer the last record was opened into, unless chunks of
-                // that one still share it
+                // that one still share it (kept at its size: the cipher overwrites it, and an
+                // emptied buffer would be zeroed again first)
                 var plaintext = openedScratch
                 openedScratch = []
                 defer {
-                    if pin == nil {
-                        plaintext.removeAll(keepingCapacity: true)
-                        openedScratch = plaintext
-                    }
+                    if pin == nil { openedScratch = plaintext }
                 }
                 do {
                     try keys.open(body, into: &plaintext)
@@ -773,9 +768,8 @@ public struct LinkStateMachine: Sendable {
 }
 
 /// Records built for one write, into one buffer: a link's frames are encoded straight into it
-/// behind the record's length when records are not sealed, or into a plaintext buffer reused
-/// from record to record and sealed into it when they are. No array per record, no joining
-/// afterwards.
+/// behind the record's length, and sealed where they lie when records are sealed (the tag
+/// appended behind them). No array per record, no copy of the frames, no joining afterwards.
 struct RecordBuilder {
     let encrypted: Bool
     /// The records ended so far.
@@ -784,41 +778,24 @@ struct RecordBuilder {
     private(set) var frameBytes = 0
     /// The record being built holds a small frame.
     var holdsSmallFrame = false
-    private var plaintext: [UInt8] = []
-    /// Where the length of the record being built goes (records not sealed).
+    /// Where the length of the record being built goes.
     private var lengthAt: Int?
 
     /// `frameBytes` frames to come, in records of at most `recordLimit` bytes of frames, built
-    /// in the storage of `wire` and `plaintext`, which are taken (left empty): buffers used
-    /// before, emptied here. Their storage is kept only if nothing else refers to it any more
-    /// (the write that used it is over); otherwise the first append allocates anew.
-    init(encrypted: Bool, frameBytes: Int, recordLimit: Int, wire: inout [UInt8], plaintext: inout [UInt8]) {
+    /// in the storage of `wire`, which is taken (left empty): a buffer used before, emptied
+    /// here. Its storage is kept only if nothing else refers to it any more (the write that
+    /// used it is over); otherwise the first append allocates anew.
+    init(encrypted: Bool, frameBytes: Int, recordLimit: Int, wire: inout [UInt8]) {
         self.encrypted = encrypted
         swap(&self.wire, &wire)
-        swap(&self.plaintext, &plaintext)
         self.wire.removeAll(keepingCapacity: true)
-        self.plaintext.removeAll(keepingCapacity: true)
         let overhead = 2 + (encrypted ? WireFormat.tagLength : 0)
         self.wire.reserveCapacity(frameBytes + overhead * (frameBytes / max(recordLimit, 1) + 2))
     }
 
-    /// The plaintext buffer, emptied, for the next builder.
-    mutating func takePlaintext() -> [UInt8] {
-        var taken: [UInt8] = []
-        swap(&taken, &plaintext)
-        taken.removeAll(keepingCapacity: true)
-        return taken
-    }
-
     /// Appends `frame` to the record being built (starting one). Throws as
     /// ``Frame/encode(sequence:into:)``, and then appends nothing.
-    mutating func append(_ frame: Frame, sequence: UInt64?, payloadLimit: Int, plaintextCapacity: Int) throws(WireError) {
-        if encrypted {
-            if plaintext.isEmpty, plaintext.capacity < plaintextCapacity { plaintext.reserveCapacity(plaintextCapacity) }
-            try frame.encode(sequence: sequence, payloadLimit: payloadLimit, into: &plaintext)
-            frameBytes = plaintext.count
-            return
-        }
+    mutating func append(_ frame: Frame, sequence: UInt64?, payloadLimit: Int) throws(WireError) {
         if lengthAt == nil {
             lengthAt = wire.count
             wire.append(0)
@@ -829,27 +806,39 @@ struct RecordBuilder {
         frameBytes += wire.count - before
     }
 
-    /// Ends the record being built, if any: its length written, or its frames sealed behind
-    /// it. False when sealing failed (nothing of that record is kept then).
+    /// Ends the record being built, if any: its length written, and its frames sealed where
+    /// they lie when records are sealed. False when sealing failed (nothing of that record is
+    /// kept then).
     mutating func endRecord(sealingWith keys: inout NoiseTransport?) -> Bool {
         defer {
             frameBytes = 0
             holdsSmallFrame = false
             lengthAt = nil
         }
-        if encrypted {
-            guard !plaintext.isEmpty else { return true }
-            guard Self.appendSealed(plaintext, to: &wire, keys: &keys) else { return false }
-            plaintext.removeAll(keepingCapacity: true)
-            return true
-        }
         guard let lengthAt else { return true }
         if frameBytes == 0 {
             wire.removeSubrange(lengthAt...)
-        } else {
-            wire[lengthAt] = UInt8(truncatingIfNeeded: frameBytes >> 8)
-            wire[lengthAt + 1] = UInt8(truncatingIfNeeded: frameBytes)
+            return true
         }
+        let length = frameBytes + (encrypted ? WireFormat.tagLength : 0)
+        guard length <= Int(UInt16.max) else {
+            wire.removeSubrange(lengthAt...)
+            return false
+        }
+        wire[lengthAt] = UInt8(truncatingIfNeeded: length >> 8)
+        wire[lengthAt + 1] = UInt8(truncatingIfNeeded: length)
+        guard encrypted else { return true }
+        guard var sealing = keys else {
+            wire.removeSubrange(lengthAt...)
+            return false
+        }
+        do throws(NoiseError) {
+            try sealing.seal(inPlace: &wire, from: lengthAt + 2)
+        } catch {
+            wire.removeSubrange(lengthAt...)
+            return false
+        }
+        keys = sealing
         return true
     }
 
