@@ -505,7 +505,7 @@ final class Report: Sendable {
     }
 
     func aeadLimit(_ bytesPerSecond: Double) {
-        row("ChaChaPoly sealing 16 KiB records", Self.rate(bytesPerSecond), "", "")
+        row("ChaChaPoly sealing 16 KiB in place", Self.rate(bytesPerSecond), "", "")
         record("aead_limit", nil, bytesPerSecond, "B/s", baseline: nil)
     }
 

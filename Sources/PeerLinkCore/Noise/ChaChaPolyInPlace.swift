@@ -124,7 +124,7 @@ enum ChaChaPolyInPlace {
         let ready = key.withUnsafeBytes { keyBytes in
             CCryptoBoringSSL_EVP_AEAD_CTX_init(
                 &context, CCryptoBoringSSL_EVP_aead_chacha20_poly1305(),
-                keyBytes.bindMemory(to: UInt8.self).baseAddress, keyBytes.count, tagLength, nil) == 1
+                keyBytes.baseAddress?.assumingMemoryBound(to: UInt8.self), keyBytes.count, tagLength, nil) == 1
         }
         guard ready else { return false }
         return withUnsafePointer(to: &context) { body($0) }
