@@ -1,3 +1,11 @@
+/// A link a peer is expected to replace its last one with, and until when.
+struct AwaitedReplacement: Sendable {
+    var deadline: Duration
+    /// The link awaited is the one the peer kept when it closed the last one as a duplicate
+    /// (not only the local dial under way): a failed dial of the local side does not end the wait.
+    var keptLink = false
+}
+
 /// What the session knows about one remote peer. Internal to ``SessionStateMachine``.
 struct PeerRecord: Sendable {
     /// The latest name the peer was seen under (its hello, a `MEMBERS` message, the app).
@@ -24,12 +32,9 @@ struct PeerRecord: Sendable {
     /// `.framesReady` was announced for `sendLink` and the owner has not drained it to nil yet.
     var signalled = false
     var outbox = PeerOutbox()
-    /// The peer closed its last link as a duplicate: its replacement is expected until then.
-    var replacementDeadline: Duration?
-    /// The replacement awaited is the link the peer kept when it closed this one as a duplicate
-    /// (not only the local dial under way): a failed dial of the local side does not end it.
-    /// Set and cleared with ``replacementDeadline``.
-    var keptLinkAwaited = false
+    /// The peer's last link went while another was on its way (closed as a duplicate, or with a
+    /// local dial out): that replacement is expected until then.
+    var replacement: AwaitedReplacement?
     /// The local peer is joining this member (it was in the roster of the local peer's inviter)
     /// and waits for its `JOIN` until then.
     var joiningDeadline: Duration?

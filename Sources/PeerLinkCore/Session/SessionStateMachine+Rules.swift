@@ -67,7 +67,7 @@ extension SessionStateMachine {
     func hasBusiness(_ record: PeerRecord) -> Bool {
         record.isMember || record.outgoingInvitation != nil || record.joiningDeadline != nil
             || record.announcedDeadline != nil || record.pendingJoin != nil || record.dialing
-            || record.replacementDeadline != nil || !record.outbox.isEmpty
+            || record.replacement != nil || !record.outbox.isEmpty
             || incoming.values.contains { $0.peer == record.id.fingerprint }
     }
 
@@ -98,7 +98,7 @@ extension SessionStateMachine {
     }
 
     mutating func dialIfNeeded(_ fingerprint: Fingerprint) {
-        guard var record = peers[fingerprint], record.links.isEmpty, !record.dialing, record.replacementDeadline == nil else { return }
+        guard var record = peers[fingerprint], record.links.isEmpty, !record.dialing, record.replacement == nil else { return }
         record.dialing = true
         peers[fingerprint] = record
         emit(.dial(record.id, endpoints: record.endpoints))
@@ -229,8 +229,7 @@ extension SessionStateMachine {
         record.announcedDeadline = nil
         record.pendingJoin = nil
         record.expectingRoster = false
-        record.replacementDeadline = nil
-        record.keptLinkAwaited = false
+        record.replacement = nil
         record.reconnectDeadline = nil
         record.redialAt = nil
         record.upgradeSeenAt = nil
@@ -283,8 +282,8 @@ extension SessionStateMachine {
             return
         }
         if code == .duplicateLink || record.dialing {
-            if record.replacementDeadline == nil { record.replacementDeadline = now + policy.replacementGrace }
-            if code == .duplicateLink { record.keptLinkAwaited = true }
+            if record.replacement == nil { record.replacement = AwaitedReplacement(deadline: now + policy.replacementGrace) }
+            if code == .duplicateLink { record.replacement?.keptLink = true }
             peers[linkRecord.peer] = record
             return
         }
@@ -723,7 +722,7 @@ extension SessionStateMachine {
     /// invitation, no room).
     func automaticInvitationDue(_ fingerprint: Fingerprint, _ record: PeerRecord) -> Duration? {
         guard record.found, !record.autoBlocked, !record.holdsPlace, record.pendingJoin == nil,
-            record.replacementDeadline == nil, !incoming.values.contains(where: { $0.peer == fingerprint }),
+            record.replacement == nil, !incoming.values.contains(where: { $0.peer == fingerprint }),
             hasRoom(excluding: fingerprint)
         else { return nil }
         var due = record.autoRetryAt ?? .zero

@@ -256,7 +256,7 @@ public struct SessionStateMachine: Sendable {
         func consider(_ deadline: Duration?) {
             if let deadline, earliest.map({ deadline < $0 }) ?? true { earliest = deadline }
         }
-        consider(record.replacementDeadline)
+        consider(record.replacement?.deadline)
         consider(record.joiningDeadline)
         consider(record.announcedDeadline)
         consider(record.pendingJoin?.deadline)
@@ -481,8 +481,7 @@ public struct SessionStateMachine: Sendable {
             record.sendLink = nil
             record.signalled = false
             record.outbox.removeAll()
-            record.replacementDeadline = nil
-            record.keptLinkAwaited = false
+            record.replacement = nil
             record.joiningDeadline = nil
             record.announcedDeadline = nil
             record.pendingJoin = nil
@@ -603,8 +602,7 @@ public struct SessionStateMachine: Sendable {
             record.endpointsReached = true
         }
         record.links.append(link)
-        record.replacementDeadline = nil
-        record.keptLinkAwaited = false
+        record.replacement = nil
         record.reconnectDeadline = nil
         record.redialAt = nil
         peers[peer.fingerprint] = record
@@ -648,7 +646,7 @@ public struct SessionStateMachine: Sendable {
                 // reconnecting or upgrading: try again later, the grace decides
                 record.redialAt = now + policy.redialInterval
                 peers[peer.fingerprint] = record
-            } else if record.keptLinkAwaited {
+            } else if record.replacement?.keptLink == true {
                 // its last link was closed as a duplicate: the link the peer kept is on its way,
                 // and the replacement grace decides
                 peers[peer.fingerprint] = record
@@ -928,9 +926,8 @@ public struct SessionStateMachine: Sendable {
         }
         for fingerprint in peers.keys.sorted() {
             guard var record = peers[fingerprint] else { continue }
-            if let deadline = record.replacementDeadline, now >= deadline, record.links.isEmpty {
-                record.replacementDeadline = nil
-                record.keptLinkAwaited = false
+            if let deadline = record.replacement?.deadline, now >= deadline, record.links.isEmpty {
+                record.replacement = nil
                 peers[fingerprint] = record
                 lose(fingerprint, reason: "its link was closed as a duplicate and no other link came")
                 record = peers[fingerprint]!
