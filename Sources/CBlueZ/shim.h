@@ -20,6 +20,20 @@ static inline bdaddr_t peerlink_bdaddr_any(void) {
 static inline unsigned long peerlink_hcigetdevlist(void) { return HCIGETDEVLIST; }
 static inline unsigned long peerlink_hcigetdevinfo(void) { return HCIGETDEVINFO; }
 
+/// The number of connections (ACL, SCO, eSCO, LE) controller `dev_id` holds, through the
+/// HCIGETCONNLIST ioctl on an HCI control socket (no privilege needed); -1 with errno set.
+/// At most 16 are counted: enough to know whether there is one.
+static inline int peerlink_hci_connection_count(int ctl, int dev_id) {
+    struct {
+        struct hci_conn_list_req request;
+        struct hci_conn_info connections[16];
+    } list;
+    list.request.dev_id = (uint16_t)dev_id;
+    list.request.conn_num = 16;
+    if (ioctl(ctl, HCIGETCONNLIST, &list) < 0) return -1;
+    return list.request.conn_num;
+}
+
 /// hci_test_bit is a static inline with a non-const pointer in some header versions.
 static inline int peerlink_hci_flag(uint32_t flags, int bit) { return (flags >> bit) & 1; }
 

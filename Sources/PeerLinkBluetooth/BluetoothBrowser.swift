@@ -30,12 +30,12 @@ extension BluetoothScanner {
     static func scanForPeers(
         serviceType: ServiceType, adapter: String?, duration: Duration, excluding: Set<Fingerprint>, logger: Logger,
         searching: (BluetoothDevice) -> Bool
-    ) async throws(PeerLinkError) -> (entries: [(entry: BluetoothScanEntry, searched: Bool, published: Bool)], method: Method) {
+    ) async throws(PeerLinkError) -> (entries: [(entry: BluetoothScanEntry, searched: Bool, published: Bool)], method: Method, local: BluetoothAddress) {
         let (devices, method, local) = try await scan(adapter: adapter, duration: duration, logger: logger)
         // Browsing stopped during the scan: no SDP searches (a connection given up half-way can
         // leave the emulated controllers of the lab with a link that goes nowhere).
         if Task.isCancelled {
-            return (devices.map { (BluetoothScanEntry(device: $0, peers: [], sdpProblem: "not searched: browsing stopped"), false, false) }, method)
+            return (devices.map { (BluetoothScanEntry(device: $0, peers: [], sdpProblem: "not searched: browsing stopped"), false, false) }, method, local)
         }
         var asked: [BluetoothDevice] = []
         var entries: [(entry: BluetoothScanEntry, searched: Bool, published: Bool)] = []
@@ -59,7 +59,7 @@ extension BluetoothScanner {
             for await entry in group { entries.append(entry) }
             return entries
         }
-        return (entries.sorted { $0.entry.device.address < $1.entry.device.address }, method)
+        return (entries.sorted { $0.entry.device.address < $1.entry.device.address }, method, local)
     }
 
     /// One device's PeerLink record, searched on a thread of its own: the SDP client's socket
@@ -98,11 +98,19 @@ extension BluetoothScanner {
 /// Devices that never published a PeerLink record are asked less and less often (at most
 /// every 6 rounds, at once when their name or class changes), not every round: each search
 /// pages the device (``SDPSearchSchedule``).
+///
+/// Rounds run back to back while the adapter holds no connection. An inquiry takes the radio
+/// away from every link the adapter holds (PeerLink's, a headset's), slowing them and lengthening
+/// their round trips, so while it holds one the browser rests between rounds, up to
+/// `restWhileConnected` (by default three rounds' time: it inquires about a quarter of the time),
+/// and starts the next round as soon as the adapter's last connection is gone.
 public final class BluetoothBrowser: TransportBrowser {
     public let serviceType: ServiceType
     public let adapter: String?
     public let roundDuration: Duration
     public let roundsBeforeLost: Int
+    /// The longest rest between two rounds while the adapter holds a connection.
+    public let restWhileConnected: Duration
     private let excluding: Set<Fingerprint>
     private let logger: Logger
     /// The devices of the last round, for ``scanReport()``.
@@ -118,12 +126,13 @@ public final class BluetoothBrowser: TransportBrowser {
 
     public init(
         serviceType: ServiceType, adapter: String? = nil, roundDuration: Duration = .seconds(5), roundsBeforeLost: Int = 2,
-        excluding: Set<Fingerprint> = [], logger: Logger = Logger(label: "peerlink.bluetooth")
+        restWhileConnected: Duration? = nil, excluding: Set<Fingerprint> = [], logger: Logger = Logger(label: "peerlink.bluetooth")
     ) {
         self.serviceType = serviceType
         self.adapter = adapter
         self.roundDuration = roundDuration
         self.roundsBeforeLost = max(1, roundsBeforeLost)
+        self.restWhileConnected = max(.zero, restWhileConnected ?? roundDuration * 3)
         self.excluding = excluding
         var logger = logger
         logger[metadataKey: "transport"] = "bluetooth"
@@ -142,8 +151,9 @@ public final class BluetoothBrowser: TransportBrowser {
         let first = (entries: firstRound.entries.map(\.entry), method: firstRound.method)
         lastRound.set(first)
         let (events, output) = AsyncStream<DiscoveryEvent>.makeStream()
-        let serviceType = serviceType, adapter = adapter, roundDuration = roundDuration
+        let serviceType = serviceType, adapter = adapter, roundDuration = roundDuration, restWhileConnected = restWhileConnected
         let roundsBeforeLost = roundsBeforeLost, excluding = excluding, logger = logger, lastRound = lastRound
+        let firstLocal = firstRound.local
         // What the first round found is in the stream before it is returned.
         var known: [Fingerprint: (peer: DiscoveredPeer, missed: Int)] = [:]
         Self.report(first.entries, known: &known, roundsBeforeLost: roundsBeforeLost, to: output)
@@ -151,7 +161,14 @@ public final class BluetoothBrowser: TransportBrowser {
             var known = known
             var schedule = schedule
             var number = 0
+            // The adapter whose connections decide the rests: the one asked for, else the one
+            // the rounds used (named by its address).
+            var scanning = adapter ?? firstLocal.description
             while !Task.isCancelled {
+                let adapterName = scanning
+                let rested = await Self.rest(upTo: restWhileConnected) { BTSys.connectionCount(adapter: adapterName) }
+                if rested > .zero { logger.debug("Bluetooth browsing rested while \(adapterName) held a connection", metadata: ["rest": "\(rested)"]) }
+                if Task.isCancelled { break }
                 number += 1
                 let round: [BluetoothScanEntry]
                 do {
@@ -163,6 +180,7 @@ public final class BluetoothBrowser: TransportBrowser {
                     schedule.took(next.entries, round: number)
                     round = next.entries.map(\.entry)
                     lastRound.set((round, next.method))
+                    if adapter == nil { scanning = next.local.description }
                 } catch let error as PeerLinkError {
                     logger.warning("Bluetooth scan failed: \(error.message)")
                     try? await Task.sleep(for: roundDuration)
@@ -177,6 +195,19 @@ public final class BluetoothBrowser: TransportBrowser {
         }
         output.onTermination = { _ in driver.cancel() }
         return events
+    }
+
+    /// Waits while `connections()` (the adapter's) is more than zero, at most `limit`, looking
+    /// again every `step`; returns how long it waited. A count that cannot be read is no
+    /// connection: the next round runs.
+    static func rest(upTo limit: Duration, step: Duration = .seconds(1), connections: () -> Int?) async -> Duration {
+        var rested = Duration.zero
+        while rested < limit, !Task.isCancelled, (connections() ?? 0) > 0 {
+            let pause = min(step, limit - rested)
+            try? await Task.sleep(for: pause)
+            rested += pause
+        }
+        return rested
     }
 
     /// Yields what a round changed: peers found or updated, peers missing from

@@ -18,6 +18,19 @@ enum BTSys {
 
     static func close(_ fd: Int32) { _ = Glibc.close(fd) }
 
+    /// How many connections adapter `adapter` (`hciN`, or its address while it is up) holds now
+    /// (`HCIGETCONNLIST`); nil when that cannot be read (no such adapter, no Bluetooth).
+    static func connectionCount(adapter: String) -> Int? {
+        let id = hci_devid(adapter)
+        guard id >= 0, let fd = try? hciControlSocket() else { return nil }
+        defer { close(fd) }
+        while true {
+            let count = peerlink_hci_connection_count(fd, id)
+            if count >= 0 { return Int(count) }
+            if errno != EINTR { return nil }
+        }
+    }
+
     static func deviceInfo(_ id: Int32) throws(SystemError) -> hci_dev_info {
         var info = hci_dev_info()
         while hci_devinfo(id, &info) < 0 {

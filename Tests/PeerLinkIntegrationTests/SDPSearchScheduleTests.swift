@@ -83,3 +83,59 @@ struct SDPSearchScheduleTests {
         #expect(!schedule.shouldSearch(last, round: SDPSearchSchedule.capacity + 200))
     }
 }
+
+/// How a Bluetooth browser rests between rounds while its adapter holds a connection (an
+/// inquiry takes the radio from every link the adapter holds).
+@Suite("Bluetooth browsing: rests between rounds while the adapter holds a connection")
+struct BrowsingRestTests {
+    /// Answers `counts` in turn, then the last one for good; counts the looks.
+    final class Adapter: @unchecked Sendable {
+        private var counts: [Int?]
+        private(set) var looks = 0
+        init(_ counts: [Int?]) { self.counts = counts }
+        func connections() -> Int? {
+            looks += 1
+            return counts.count > 1 ? counts.removeFirst() : counts.first ?? nil
+        }
+    }
+
+    @Test("no connection, or a count that cannot be read: the next round runs at once")
+    func noRestWithoutAConnection() async {
+        for counts: [Int?] in [[0], [nil]] {
+            let adapter = Adapter(counts)
+            let rested = await BluetoothBrowser.rest(upTo: .seconds(15), step: .milliseconds(5)) { adapter.connections() }
+            #expect(rested == .zero)
+            #expect(adapter.looks == 1)
+        }
+    }
+
+    @Test("a connection that lasts: the rest ends at its limit")
+    func restEndsAtItsLimit() async {
+        let adapter = Adapter([1])
+        let rested = await BluetoothBrowser.rest(upTo: .milliseconds(50), step: .milliseconds(20)) { adapter.connections() }
+        #expect(rested == .milliseconds(50), "20 + 20 + the 10 left")
+        #expect(adapter.looks == 3)
+    }
+
+    @Test("the adapter's last connection goes: the rest ends at the next look")
+    func restEndsWhenTheLastConnectionGoes() async {
+        let adapter = Adapter([2, 1, 1, 0])
+        let rested = await BluetoothBrowser.rest(upTo: .seconds(15), step: .milliseconds(5)) { adapter.connections() }
+        #expect(rested == .milliseconds(15))
+        #expect(adapter.looks == 4)
+    }
+
+    @Test("by default a browser rests at most three rounds' time; a rest can be chosen, never below zero")
+    func defaultRest() {
+        let type = ServiceType.default
+        #expect(BluetoothBrowser(serviceType: type).restWhileConnected == .seconds(15))
+        #expect(BluetoothBrowser(serviceType: type, roundDuration: .seconds(2)).restWhileConnected == .seconds(6))
+        #expect(BluetoothBrowser(serviceType: type, restWhileConnected: .zero).restWhileConnected == .zero)
+        #expect(BluetoothBrowser(serviceType: type, restWhileConnected: .seconds(-1)).restWhileConnected == .zero)
+    }
+
+    @Test("the kernel's count for an adapter that does not exist is none (no rest)")
+    func countOfAMissingAdapter() {
+        #expect(BTSys.connectionCount(adapter: "hci99") == nil)
+    }
+}
