@@ -40,8 +40,8 @@ public struct FIFO<Element: Sendable>: Sendable {
 
     @inlinable public mutating func removeFirst() -> Element? {
         guard head < storage.count else { return nil }
-        let element = storage[head]
-        storage[head] = nil
+        // moved out of its slot (the slot left nil): no retain of the element and release of the slot
+        let element = storage[head].take()
         head += 1
         if head == storage.count {
             storage.removeAll(keepingCapacity: true)

@@ -750,14 +750,18 @@ public final class Link: Sendable {
     /// handshake, yields frames, records the closure. Returns what to log. What wakes a task or
     /// reaches ``events`` goes through the outbox, in order.
     /// `now`: the time the outputs were made at, if the caller read the clock already.
-    func apply(_ outputs: [LinkOutput], to state: inout State, from source: Source, at now: Duration? = nil) -> [LogEntry] {
+    func apply(_ outputs: consuming [LinkOutput], to state: inout State, from source: Source, at now: Duration? = nil) -> [LogEntry] {
         var logs: [LogEntry] = []
         // One reading of the clock for the frames among them (they came in with one read).
         var arrival = now
         // One delivery of the channel's pending work for all of them.
         var channelDelivery = false
-        for output in outputs {
-            switch output {
+        // Each output is moved out of the array, not copied: its bytes or frame are not retained
+        // once more here and released again when the array is freed.
+        var pending = outputs
+        pending.reverse()
+        while let output = pending.popLast() {
+            switch consume output {
             case .send(let bytes):
                 guard !state.writerDone else { continue }
                 state.queue.append(bytes)
