@@ -53,6 +53,14 @@ public struct FIFO<Element: Sendable>: Sendable {
         return element
     }
 
+    /// Takes the items from the front while `predicate` holds for them, handing each to
+    /// `removed` (moved out, not copied).
+    @inlinable public mutating func removeFirst(while predicate: (Element) -> Bool, _ removed: (Element) -> Void) {
+        while head < storage.count, predicate(storage[head]!) {
+            removed(removeFirst()!)
+        }
+    }
+
     @inlinable public mutating func removeAll(where predicate: (Element) -> Bool) {
         storage = storage[head...].filter { !predicate($0!) }
         head = 0
@@ -71,5 +79,17 @@ public struct FIFO<Element: Sendable>: Sendable {
     /// Applies `change` to every queued item in place.
     @inlinable public mutating func updateEach(_ change: (inout Element) -> Void) {
         for index in head..<storage.count { change(&storage[index]!) }
+    }
+}
+
+extension Array {
+    /// The element at `index`, moved out with `filler` left in its place: how a loop that uses
+    /// up an array takes each element in order without copying it (a copy retains what the
+    /// element holds, and freeing the array releases it again; `popLast()` after `reverse()`
+    /// copies every element while reversing).
+    @_spi(Runtime) @inlinable public mutating func take(at index: Int, leaving filler: Element) -> Element {
+        var element = filler
+        swap(&element, &self[index])
+        return element
     }
 }

@@ -1,5 +1,5 @@
 import Logging
-import PeerLinkCore
+@_spi(Runtime) import PeerLinkCore
 
 /// One link to one peer, running: drives a ``LinkStateMachine`` over a ``LinkChannel``.
 ///
@@ -759,9 +759,8 @@ public final class Link: Sendable {
         // Each output is moved out of the array, not copied: its bytes or frame are not retained
         // once more here and released again when the array is freed.
         var pending = outputs
-        pending.reverse()
-        while let output = pending.popLast() {
-            switch consume output {
+        for index in pending.indices {
+            switch pending.take(at: index, leaving: .frame(.ack(receivedThrough: 0))) {
             case .send(let bytes):
                 guard !state.writerDone else { continue }
                 state.queue.append(bytes)
@@ -1184,10 +1183,10 @@ public final class Link: Sendable {
             frames.append((frame, nil))
         }
         if let channel = state.channel, state.closure == nil, size < batchLimit {
-            for (frame, sequence) in channel.take(for: self, limit: batchLimit - size, maxPayload: bulk, at: now) {
-                size += FrameScheduler.size(of: frame)
-                frames.append((frame, sequence))
-            }
+            // Taken as they come when nothing came before them (the usual case): moved, not
+            // copied one by one.
+            let taken = channel.take(for: self, limit: batchLimit - size, maxPayload: bulk, at: now)
+            if frames.isEmpty { frames = taken } else { frames += taken }
             state.outbox.add { channel.deliverPending() }
         }
         seal(frames, at: now, in: &state)
@@ -1220,14 +1219,15 @@ public final class Link: Sendable {
     }
 
     /// Seals frames (sequenced ones with their numbers) onto the queue, packed into records.
-    private func seal(_ frames: [(frame: Frame, sequence: UInt64?)], at now: Duration, in state: inout State) {
-        guard !frames.isEmpty else { return }
+    private func seal(_ frames: consuming [(frame: Frame, sequence: UInt64?)], at now: Duration, in state: inout State) {
+        let count = frames.count
+        guard count > 0 else { return }
         do throws(WireError) {
             let logs = apply(try state.machine.send(frames, at: now), to: &state, from: .send)
             if !logs.isEmpty { state.outbox.add { self.emit(logs) } }
         } catch {
             // Unreachable: frames are taken only once the link is established.
-            logger.error("frames could not be sealed", metadata: ["frames": "\(frames.count)", "reason": "\(error.reason)"])
+            logger.error("frames could not be sealed", metadata: ["frames": "\(count)", "reason": "\(error.reason)"])
         }
     }
 

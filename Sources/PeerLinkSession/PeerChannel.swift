@@ -232,9 +232,7 @@ public final class PeerChannel: Sendable {
             if isActive {
                 let dataBefore = state.scheduler.queuedDataBytes
                 let priorityBefore = state.scheduler.queuedPriorityBytes
-                taken = state.continuity.nextFrames(from: &state.scheduler, limit: limit, maxPayload: maxPayload, final: final).map {
-                    ($0.frame, $0.sequence)
-                }
+                taken = state.continuity.nextFrames(from: &state.scheduler, limit: limit, maxPayload: maxPayload, final: final)
                 noteWritten(link, in: &state)
                 if state.scheduler.queuedDataBytes < dataBefore { wakeStreamWaiters(&state, stream: nil) }
                 if state.scheduler.queuedPriorityBytes < priorityBefore, state.scheduler.queuedPriorityBytes <= maxQueuedBytes {

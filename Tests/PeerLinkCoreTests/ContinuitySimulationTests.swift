@@ -182,7 +182,7 @@ struct PairSimulation {
         guard let link = sides[side].active, links[link].open else { return }
         let limit = Int.random(in: 1...65_000, using: &random)
         var scheduler = sides[side].scheduler
-        var frames = sides[side].continuity.nextFrames(from: &scheduler, limit: limit).map { (frame: $0.frame, sequence: Optional($0.sequence)) }
+        var frames = sides[side].continuity.nextFrames(from: &scheduler, limit: limit)
         sides[side].scheduler = scheduler
         if let through = sides[side].continuity.acknowledgment(at: now, piggyback: !frames.isEmpty) {
             frames.insert((.ack(receivedThrough: through), nil), at: 0)

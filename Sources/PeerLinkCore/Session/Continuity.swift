@@ -130,17 +130,18 @@ public struct Continuity: Sendable {
     /// unacknowledged-bytes limit allows (`final`: the link is closing and no acknowledgement
     /// will come on it: everything queued goes). New frames are taken in at most `maxPayload`
     /// bytes each (``FrameScheduler/next(maxPayload:)``); kept ones go again as they were.
+    /// Each frame comes with its number, as a link writes it.
     public mutating func nextFrames(
         from scheduler: inout FrameScheduler, limit: Int, maxPayload: Int = .max, final: Bool = false
-    ) -> [Retained] {
-        var taken: [Retained] = []
+    ) -> [(frame: Frame, sequence: UInt64?)] {
+        var taken: [(frame: Frame, sequence: UInt64?)] = []
         var size = 0
         if hasFramesToResend, let first = kept.first?.sequence {
             // kept holds every number from `first` on, in order
             var next = max(resendAfter + 1, first)
             while next < nextSequence, size < limit {
                 let item = kept[offset: Int(next - first)]
-                taken.append(item)
+                taken.append((item.frame, item.sequence))
                 size += item.size
                 resendAfter = next
                 next += 1
@@ -149,7 +150,8 @@ public struct Continuity: Sendable {
         }
         while size < limit, final || canSend, let frame = scheduler.next(maxPayload: maxPayload) {
             let frameSize = FrameScheduler.size(of: frame)
-            taken.append(Retained(sequence: stamp(frame, size: frameSize), frame: frame, size: frameSize))
+            let sequence = stamp(frame, size: frameSize)
+            taken.append((frame, sequence))
             size += frameSize
         }
         return taken
@@ -166,10 +168,7 @@ public struct Continuity: Sendable {
         guard through > acknowledged else { return true }
         acknowledged = through
         resendAfter = max(resendAfter, through)
-        while let first = kept.first, first.sequence <= through {
-            _ = kept.removeFirst()
-            retainedBytes -= first.size
-        }
+        kept.removeFirst(while: { $0.sequence <= through }) { retainedBytes -= $0.size }
         return true
     }
 

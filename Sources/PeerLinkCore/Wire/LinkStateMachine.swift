@@ -269,7 +269,7 @@ public struct LinkStateMachine: Sendable {
     /// - Throws: a ``WireError`` (code 10) before the link is established; nothing is sent then.
     ///   A frame the format cannot carry (see ``Frame/encoded(sequence:)``: callers check frames
     ///   when they are queued) closes the link with code 10 after the frames before it.
-    public mutating func send(_ frames: [(frame: Frame, sequence: UInt64?)], at now: Duration) throws(WireError) -> [LinkOutput] {
+    public mutating func send(_ frames: consuming [(frame: Frame, sequence: UInt64?)], at now: Duration) throws(WireError) -> [LinkOutput] {
         guard state != .closed else { return [] }
         guard state == .established else {
             throw WireError(.internalError, "the link is not established yet: send frames after .established")
@@ -280,7 +280,10 @@ public struct LinkStateMachine: Sendable {
         // Built in the buffers kept from before (moved, not copied: the builder must hold the
         // only reference for its appends to stay in their storage).
         var records = RecordBuilder(encrypted: isEncrypted == true, frameBytes: remaining, recordLimit: limit, wire: &spareWire)
-        for (frame, sequence) in frames {
+        // Each frame moved out of the list, not copied (no retain and release of its payload).
+        var pending = frames
+        for index in pending.indices {
+            let (frame, sequence) = pending.take(at: index, leaving: (.ack(receivedThrough: 0), nil))
             if case .goAway(let code, let reason) = frame {
                 guard sendRecords(&records) else { break }
                 finish(code, reason, byPeer: false)
