@@ -1,5 +1,5 @@
 import Logging
-import PeerLinkCore
+@_spi(Runtime) import PeerLinkCore
 
 // The runtime behind PeerSession: one task group holding the listener's accept loop, the
 // session timer, every dial and every link (each with a writer of its own). Every input is
@@ -190,13 +190,16 @@ extension PeerSession {
     /// returned for later.
     /// `linksMayChange`: false where the input cannot change which link carries a peer (a
     /// message sent), so the channels need no look.
-    func carryOut(_ actions: [SessionAction], in core: inout SessionCore, linksMayChange: Bool = true) -> [Effect] {
+    func carryOut(_ actions: consuming [SessionAction], in core: inout SessionCore, linksMayChange: Bool = true) -> [Effect] {
         var effects: [Effect] = []
         // links with frames announced whose write loop waits for them
         var idleWriters: [LinkID] = []
         var tally = MessageTally()
-        for action in actions {
-            switch action {
+        // Each action moved out of the list, not copied: a message's bytes go on to the app's
+        // event without a retain and a release on the way.
+        var pending = actions
+        for index in pending.indices {
+            switch pending.take(at: index, leaving: .framesReady(LinkID(0))) {
             case .dial(let peer, let endpoints):
                 guard core.phase.acceptsInput else { continue }
                 var all = endpoints
@@ -236,7 +239,7 @@ extension PeerSession {
                 }
                 effects.append(.close(entry.link, code: code, reason: reason, linger: linger, drainingFor: draining))
             case .event(let event):
-                emit(event, in: &core, tally: &tally)
+                emit(consume event, in: &core, tally: &tally)
             }
         }
         tally.flush()
@@ -333,8 +336,8 @@ extension PeerSession {
 
     /// Tells the app: logs under the lock, yields through the outbox (so events keep the order
     /// the state machine gave them).
-    private func emit(_ event: SessionEvent, in core: inout SessionCore, tally: inout MessageTally) {
-        switch event {
+    private func emit(_ event: consuming SessionEvent, in core: inout SessionCore, tally: inout MessageTally) {
+        switch consume event {
         case .peerStateChanged(let peer, let state, let reason):
             var metadata = peerMetadata(peer)
             if let reason { metadata["reason"] = "\(reason)" }
@@ -357,9 +360,10 @@ extension PeerSession {
             logger.info(
                 "invitation refused without asking the app",
                 metadata: peerMetadata(peer).merging(["reason": "\(reason)", "detail": "\(detail)"], uniquingKeysWith: { $1 }))
-        case .joinRefused(let peer, _, _):
-            logger.info("join refused", metadata: peerMetadata(peer).merging(["reason": "\(event)"], uniquingKeysWith: { $1 }))
-            report(.linkFailed(peer, reason: "\(event)"), in: &core)
+        case .joinRefused(let peer, let code, let reason):
+            let refusal = "\(SessionEvent.joinRefused(peer, code: code, reason: reason))"
+            logger.info("join refused", metadata: peerMetadata(peer).merging(["reason": "\(refusal)"], uniquingKeysWith: { $1 }))
+            report(.linkFailed(peer, reason: refusal), in: &core)
         case .messageReceived(let peer, let data, let reliable):
             logger.trace(
                 "message received",
@@ -387,7 +391,7 @@ extension PeerSession {
     /// Queues `event` for the app, once the lock is released. Events reported one after another
     /// (nothing else queued in between, none handed over yet: a run of messages from one link)
     /// go to the app in one delivery, with one turn of its queue's lock.
-    func report(_ event: PeerSessionEvent, in core: inout SessionCore) {
+    func report(_ event: consuming PeerSessionEvent, in core: inout SessionCore) {
         if let run = core.eventRun, run.mark == core.outbox.mark {
             run.events.append(event)
             return

@@ -179,7 +179,7 @@ final class EventRun: @unchecked Sendable {
     /// The outbox's mark right after this run's delivery was queued.
     @exclusivity(unchecked) var mark: Outbox.Mark?
 
-    init(_ event: PeerSessionEvent) { events = [event] }
+    init(_ event: consuming PeerSessionEvent) { events = [event] }
 
     /// The events, leaving none.
     func take() -> [PeerSessionEvent] {

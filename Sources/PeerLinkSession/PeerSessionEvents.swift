@@ -174,7 +174,8 @@ package final class EventQueue<Element: Sendable>: Sendable {
                 state.waiter = nil
                 return (true, waiter)
             }
-            state.items.append(contentsOf: elements)
+            // Nothing waiting (the usual case): the array itself is kept, its events not copied.
+            if state.items.isEmpty { state.items = elements } else { state.items.append(contentsOf: elements) }
             return (true, nil)
         }
         waiter?.resume(returning: elements)
